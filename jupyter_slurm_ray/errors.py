@@ -1,0 +1,52 @@
+"""The exceptions jupyter_slurm_ray raises: few, precise, each carrying what the user needs to act."""
+
+from __future__ import annotations
+
+
+class SlurmRayError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class SpecError(SlurmRayError, ValueError):
+    """A cluster specification field has a value that is not allowed.
+
+    The message names the field, the value given and what is allowed.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}: {value!r} is not allowed; {allowed}")
+
+
+class TransportError(SlurmRayError):
+    """Running a command or moving a file on the cluster side failed (SSH, subprocess)."""
+
+
+class CommandError(TransportError):
+    """A command ran but exited with a non-zero status."""
+
+    def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        detail = (stderr or stdout).strip() or "(no output)"
+        super().__init__(f"{argv[0]} exited with status {returncode}: {detail}")
+
+
+class SlurmError(SlurmRayError):
+    """Slurm refused or failed a request; the message is Slurm's own."""
+
+
+class RayStartError(SlurmRayError):
+    """Ray could not be started in the allocation; carries the relevant log lines."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(message + (f"\n--- log tail ---\n{log_tail}" if log_tail else ""))
+
+
+class ConnectError(SlurmRayError):
+    """The notebook could not connect to the Ray cluster (versions, token, network)."""
