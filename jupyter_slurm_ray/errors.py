@@ -1,4 +1,4 @@
-"""The exceptions jupyter_slurm_ray raises: few, precise, each carrying what the user needs to act."""
+"""The exceptions jupyter_slurm_ray raises: few, precise, each carrying what the user needs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Slurm's command lines, and nothing else: sbatch, squeue, sacct, scancel and sinfo over a Transport.
+"""Slurm's command lines and nothing else: sbatch, squeue, sacct, scancel, sinfo over a Transport.
 
 While jobs are active, watching any number of them costs ONE ``squeue`` per poll. A job that
 has ended is looked up once more (``sacct``, or ``sacct -c`` on clusters without slurmdbd) for

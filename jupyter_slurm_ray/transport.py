@@ -93,7 +93,7 @@ class Transport(ABC):
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         """Make ``remote_host:remote_port`` reachable from this process."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release connections and forwards."""
 
     # -- files, built on run() -------------------------------------------------------------
@@ -343,7 +343,9 @@ class SSHTransport(Transport):
                 f"{argv[0]} on {self.target} did not finish within {timeout:g} s"
             ) from None
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, BrokenPipeError) as exc:
-            raise TransportError(f"{self.target}: connection lost while running {argv[0]}: {exc}")
+            raise TransportError(
+                f"{self.target}: connection lost while running {argv[0]}: {exc}"
+            ) from None
         returncode = completed.exit_status
         if returncode is None or returncode < 0:  # killed by a signal on the remote side
             returncode = 255
