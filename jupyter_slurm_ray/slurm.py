@@ -155,7 +155,19 @@ class SlurmClient:
             result = await self.transport.run(argv, timeout=self.timeout, check=False)
             if result.returncode == 0 and result.stdout.strip():
                 return parse_sacct(result.stdout)
-        return {}
+        return await self._scontrol_history(job_ids)
+
+    async def _scontrol_history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """Without any accounting, slurmctld still knows ended jobs for MinJobAge."""
+        infos = {}
+        for job_id in job_ids:
+            self.commands_run += 1
+            argv = ["scontrol", "show", "job", "-o", _job_id(job_id)]
+            result = await self.transport.run(argv, timeout=self.timeout, check=False)
+            info = parse_scontrol_job(result.stdout) if result.returncode == 0 else None
+            if info is not None:
+                infos[info.job_id] = info
+        return infos
 
     async def partitions(self) -> list[Partition]:
         out = await self._slurm(["sinfo", "-h", "-o", "%R|%a|%F|%c|%m|%G|%l|%P"])
@@ -211,6 +223,25 @@ def parse_sacct(out: str) -> dict[str, JobInfo]:
             source="sacct",
         )
     return infos
+
+
+def parse_scontrol_job(out: str) -> JobInfo | None:
+    """One ``scontrol show job -o`` line (``Key=Value`` pairs) → JobInfo."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", out))
+    if "JobId" not in fields:
+        return None
+    nodes = expand_hostlist(fields.get("NodeList", ""))
+    return JobInfo(
+        job_id=fields["JobId"],
+        state=fields.get("JobState", "UNKNOWN"),
+        nodes=tuple(nodes),
+        node_count=len(nodes),
+        start_time=parse_timestamp(fields.get("StartTime", "")),
+        time_limit=parse_duration(fields.get("TimeLimit", "")),
+        name=fields.get("JobName", ""),
+        exit_code=parse_exit_code(fields.get("ExitCode", "")),
+        source="scontrol",
+    )
 
 
 def _merge_final(live: JobInfo | None, history: JobInfo | None) -> JobInfo | None:
@@ -282,6 +313,8 @@ _DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(?:(\d+):)?(\d+)$")
 def parse_duration(text: str) -> int | None:
     """Seconds in a duration as Slurm prints it (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``)."""
     text = text.strip()
+    if text.isdigit():  # a bare number is minutes to Slurm (sacct -c prints limits so)
+        return int(text) * 60
     match = _DURATION.match(text)
     if not match:
         return None  # UNLIMITED, NOT_SET, INVALID, N/A

@@ -1,0 +1,165 @@
+"""The Slurm layer against the real testbed, as the unprivileged user, over both transports."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from jupyter_slurm_ray.errors import SlurmError, SpecError
+from jupyter_slurm_ray.jobscript import render_job_script
+from jupyter_slurm_ray.slurm import JobInfo, SlurmClient
+from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.transport import CommandResult, LocalTransport, Transport
+from jupyter_slurm_ray.watch import JobWatcher
+
+from .conftest import as_user
+
+pytestmark = pytest.mark.testbed
+
+
+async def submit(
+    transport: Transport, name: str, command: Sequence[str], cancel_jobs: list[str], **spec
+) -> tuple[SlurmClient, str]:
+    spec.setdefault("time", "5")
+    cluster_spec = ClusterSpec(name=name, **spec)
+    job_dir = f"{await transport.home()}/.jsr-test-jobs/{name}"
+    script = render_job_script(
+        cluster_spec, cluster_id=f"id-{name}", job_dir=job_dir, command=command
+    )
+    slurm = SlurmClient(transport)
+    job_id = await slurm.submit(script, job_dir)
+    cancel_jobs.append(job_id)
+    return slurm, job_id
+
+
+async def watch_until(slurm: SlurmClient, job_id: str, done, timeout: float = 60) -> list[JobInfo]:
+    """Poll every 0.2 s; return the distinct states seen, stopping when ``done(info)``."""
+    seen: list[JobInfo] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = (await slurm.query([job_id]))[job_id]
+        if not seen or seen[-1].state != info.state:
+            seen.append(info)
+        if done(info):
+            return seen
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"job {job_id} never got there; seen {[i.state for i in seen]}")
+
+
+async def test_two_node_job_goes_pending_running_completed(transport, unique_name, cancel_jobs):
+    slurm, job_id = await submit(
+        transport,
+        unique_name,
+        ["sleep", "3"],
+        cancel_jobs,
+        nodes=2,
+        extra_sbatch=["--begin=now+2"],  # hold it in the queue long enough to be seen
+    )
+    seen = await watch_until(slurm, job_id, lambda i: i.is_final)
+    assert [i.state for i in seen] == ["PENDING", "RUNNING", "COMPLETED"]
+    assert seen[0].reason == "BeginTime"
+    assert seen[1].nodes == ("node1", "node2") == seen[2].nodes
+    assert seen[2].exit_code == 0
+
+
+async def test_impossible_job_stays_pending_with_slurms_reason_and_cancel_works(
+    transport, unique_name, cancel_jobs, testbed
+):
+    slurm, job_id = await submit(
+        transport, unique_name, ["true"], cancel_jobs, nodes=testbed.nodes + 1
+    )
+    seen = await watch_until(slurm, job_id, lambda i: i.reason == "PartitionNodeLimit", 20)
+    assert seen[-1].state == "PENDING" and seen[-1].nodes == ()
+    await slurm.cancel(job_id)
+    seen = await watch_until(slurm, job_id, lambda i: i.is_final, 20)
+    assert seen[-1].state == "CANCELLED"
+
+
+async def test_final_state_and_exit_code_outlive_squeue(local, unique_name, cancel_jobs):
+    """MinJobAge is short on the testbed, so squeue forgets jobs quickly; sacct -c remembers."""
+    slurm, job_id = await submit(local, unique_name, ["sh", "-c", "exit 3"], cancel_jobs)
+    seen = await watch_until(slurm, job_id, lambda i: i.is_final)
+    assert (seen[-1].state, seen[-1].exit_code) == ("FAILED", 3)
+    deadline = time.monotonic() + 150
+    while job_id in await slurm._squeue([job_id]):
+        assert time.monotonic() < deadline, "squeue never forgot the job"
+        await asyncio.sleep(2)
+    info = (await slurm.query([job_id]))[job_id]
+    assert (info.state, info.exit_code, info.source) == ("FAILED", 3, "sacct")
+    assert info.nodes == ("node1",)
+
+
+class CountingTransport(LocalTransport):
+    """A real local transport that records every command it runs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: list[str] = []
+
+    async def run(self, argv, **kwargs) -> CommandResult:
+        self.commands.append(argv[0])
+        return await super().run(argv, **kwargs)
+
+
+async def test_watching_many_jobs_costs_one_squeue_per_poll(testbed, unique_name, cancel_jobs):
+    transport = CountingTransport(as_user(testbed.user))
+    job_ids = []
+    for i in range(5):
+        _, job_id = await submit(
+            transport, f"{unique_name}-{i}", ["sleep", "30"], cancel_jobs, nodes=1
+        )
+        job_ids.append(job_id)
+    watcher = JobWatcher(SlurmClient(transport))
+    seen: dict[str, JobInfo | None] = {}
+
+    async def remember(job_id: str, info: JobInfo | None) -> None:
+        seen[job_id] = info
+
+    for job_id in job_ids:
+        watcher.watch(job_id, lambda info, j=job_id: remember(j, info))
+    transport.commands.clear()
+    for _ in range(3):
+        await watcher.poll_once()
+    assert transport.commands == ["squeue"] * 3
+    assert set(seen) == set(job_ids) and all(i and not i.is_final for i in seen.values())
+    for job_id in job_ids:
+        watcher._subscribers.pop(job_id)
+
+
+async def test_sbatch_refusals_carry_slurms_message(transport, unique_name, cancel_jobs):
+    with pytest.raises(SlurmError, match="invalid partition specified: nosuch"):
+        await submit(transport, unique_name, ["true"], cancel_jobs, partition="nosuch")
+    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+        await submit(transport, unique_name, ["true"], cancel_jobs, gpus_per_node=99)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("partition", "debug; touch /tmp/jsr-pwned"),
+        ("name", "x$(touch /tmp/jsr-pwned)"),
+        ("name", "two\nlines"),
+        ("extra_sbatch", ["-N 3"]),
+        ("time", "-1"),
+        ("time", "25:99:99x"),
+        ("mem_per_node", "lots"),
+    ],
+)
+async def test_hostile_input_never_reaches_slurm(testbed, field, value):
+    transport = CountingTransport(as_user(testbed.user))
+    with pytest.raises(SpecError) as info:
+        ClusterSpec(**{"time": "5", field: value})
+    assert info.value.field == field
+    assert transport.commands == []
+
+
+async def test_partitions_for_the_widget(transport, testbed):
+    partitions = {p.name: p for p in await SlurmClient(transport).partitions()}
+    assert set(partitions) == {"debug", "short"}
+    debug = partitions["debug"]
+    assert debug.is_default and debug.total_nodes == testbed.nodes and debug.max_time is None
+    assert debug.gpus_per_node == testbed.gpus and debug.cpus_per_node >= 1
+    assert partitions["short"].max_time == 30 * 60
