@@ -64,6 +64,7 @@ class ClusterRecord:
     owner_host: str = field(default_factory=socket.gethostname)
     owner: str = field(default_factory=lambda: os.environ.get("USER", ""))
     detached: bool = False
+    spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 

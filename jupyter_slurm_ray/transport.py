@@ -96,6 +96,10 @@ class Transport(ABC):
     async def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release connections and forwards."""
 
+    def describe(self) -> dict[str, Any]:
+        """What :func:`transport_for_target` needs to make an equivalent transport."""
+        return {"kind": type(self).__name__}
+
     # -- files, built on run() -------------------------------------------------------------
     async def home(self) -> str:
         if self._home is None:
@@ -192,6 +196,9 @@ class LocalTransport(Transport):
         result = CommandResult(tuple(argv), proc.returncode or 0, out.decode(), err.decode())
         return result.check() if check else result
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "local", "command_prefix": list(self.command_prefix)}
+
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         # On the login node the cluster network is reachable directly.
         return Forward(remote_host, remote_port, remote_host, remote_port)
@@ -238,6 +245,14 @@ class SSHTransport(Transport):
         self._lock = asyncio.Lock()
         self._forwards: list[Forward] = []
         self.connects = 0  # how many connections were opened, for tests and benchmarks
+
+    def describe(self) -> dict[str, Any]:
+        target: dict[str, Any] = {"kind": "ssh", "host": self.host}
+        for key in ("port", "username", "client_keys", "known_hosts"):
+            value = getattr(self, key)
+            if value not in (None, ()):
+                target[key] = value
+        return target
 
     def _options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -374,3 +389,19 @@ class SSHTransport(Transport):
             with contextlib.suppress(Exception):
                 await self._conn.wait_closed()
             self._conn = None
+
+
+def transport_for_target(target: dict[str, Any]) -> Transport:
+    """The transport a registry record's ``target`` describes (see ``Transport.describe``)."""
+    kind = target.get("kind")
+    if kind == "local":
+        return LocalTransport(target.get("command_prefix", ()))
+    if kind == "ssh":
+        return SSHTransport(
+            target["host"],
+            port=target.get("port"),
+            username=target.get("username"),
+            client_keys=target.get("client_keys"),
+            known_hosts=target.get("known_hosts", ()),
+        )
+    raise TransportError(f"unknown transport kind in record: {kind!r}")

@@ -112,21 +112,23 @@ async def test_watching_many_jobs_costs_one_squeue_per_poll(testbed, unique_name
             transport, f"{unique_name}-{i}", ["sleep", "30"], cancel_jobs, nodes=1
         )
         job_ids.append(job_id)
-    watcher = JobWatcher(SlurmClient(transport))
+    watcher = JobWatcher(SlurmClient(transport), interval=0.5)
     seen: dict[str, JobInfo | None] = {}
 
     async def remember(job_id: str, info: JobInfo | None) -> None:
         seen[job_id] = info
 
+    transport.commands.clear()
     for job_id in job_ids:
         watcher.watch(job_id, lambda info, j=job_id: remember(j, info))
-    transport.commands.clear()
-    for _ in range(3):
-        await watcher.poll_once()
-    assert transport.commands == ["squeue"] * 3
-    assert set(seen) == set(job_ids) and all(i and not i.is_final for i in seen.values())
+    await asyncio.sleep(2.2)  # the watcher polls by itself
+    polls = watcher.polls
     for job_id in job_ids:
-        watcher._subscribers.pop(job_id)
+        for callback in list(watcher._subscribers.get(job_id, [])):
+            watcher.unwatch(job_id, callback)
+    assert polls >= 3
+    assert transport.commands == ["squeue"] * polls
+    assert set(seen) == set(job_ids) and all(i and not i.is_final for i in seen.values())
 
 
 async def test_sbatch_refusals_carry_slurms_message(transport, unique_name, cancel_jobs):
