@@ -1,0 +1,324 @@
+"""Configuration the Jupyter way: the ``SlurmRay`` traitlets configurable, profiles, env overrides.
+
+One place decides what a cluster request means. :func:`resolve_spec` merges, later winning::
+
+    defaults < config (SlurmRay.*) < env (JUPYTER_SLURM_RAY_*) < profile < arguments
+
+and names the source of every field, which ``%slurm_ray config`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, Union, validate
+from traitlets.config import Configurable
+
+from .errors import SpecError
+from .spec import FIELD_NAMES, ClusterSpec, resolve
+from .transport import LocalTransport, SSHTransport, Transport
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ENV_PREFIX",
+    "PROFILES_FILENAME",
+    "SPEC_SETTINGS",
+    "Profile",
+    "SlurmRay",
+    "effective_setting",
+    "env_name",
+    "find_profile",
+    "load_profiles",
+    "make_transport",
+    "profiles_path",
+    "resolve_spec",
+]
+
+ENV_PREFIX = "JUPYTER_SLURM_RAY_"
+PROFILES_FILENAME = "slurm_ray_profiles.toml"
+
+# The ClusterSpec fields a site or user may preset (the cluster's name is chosen per cluster).
+SPEC_SETTINGS: tuple[str, ...] = tuple(name for name in FIELD_NAMES if name != "name")
+_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ClusterSpec)}
+
+
+def _text(help: str) -> Unicode:
+    return Unicode(None, allow_none=True, help=help).tag(config=True)
+
+
+def _int(help: str) -> Int:
+    return Int(None, allow_none=True, help=help).tag(config=True)
+
+
+def _float(help: str) -> Float:
+    return Float(None, allow_none=True, help=help).tag(config=True)
+
+
+def _text_or_int(help: str) -> Union:
+    return Union([Unicode(), Int()], default_value=None, allow_none=True, help=help).tag(
+        config=True
+    )
+
+
+def _lines(help: str) -> List:
+    return List(Unicode(), default_value=None, allow_none=True, help=help).tag(config=True)
+
+
+class SlurmRay(Configurable):
+    """Site and user defaults of jupyter_slurm_ray (``%config SlurmRay.time = "2:00:00"``).
+
+    Every setting defaults to None, meaning "not set here": ClusterSpec's own default applies
+    unless an environment variable, a profile or an argument sets it.
+    """
+
+    # -- what to ask Slurm for ------------------------------------------------------------
+    time = _text_or_int("Walltime of a cluster (Slurm format: 30, 1:00:00, 1-12:00:00).")
+    partition = _text("Slurm partition (sbatch --partition).")
+    account = _text("Slurm account to charge (sbatch --account).")
+    qos = _text("Slurm quality of service (sbatch --qos).")
+    reservation = _text("Slurm reservation (sbatch --reservation).")
+    constraint = _text("Node features (sbatch --constraint).")
+    nodes = _int("Number of nodes of a cluster.")
+    cpus_per_node = _int("CPUs per node given to Ray.")
+    gpus_per_node = _int("GPUs per node (sbatch --gpus-per-node).")
+    mem_per_node = _text_or_int("Memory per node: megabytes or a size like 16G.")
+    exclusive = Bool(None, allow_none=True, help="Whole nodes (sbatch --exclusive).").tag(
+        config=True
+    )
+    extra_sbatch = _lines("More sbatch long options, one per entry (--name=value).")
+    # -- how Ray starts -------------------------------------------------------------------
+    setup = _lines("Shell lines run before Ray starts (module load, conda activate, ...).")
+    python = _text("Python of the cluster side, with ray installed (same version as here).")
+    job_dir_root = _text("Where job directories are created on the cluster's filesystem.")
+    port_strategy = _text("'random' (a free block in port_range) or 'fixed' (fixed_port_base).")
+    port_range = List(
+        Int(), default_value=None, allow_none=True, help="Ports Ray may use: [low, high]."
+    ).tag(config=True)
+    fixed_port_base = _int("First port of the block when port_strategy is 'fixed'.")
+    worker_ports = _int("Worker ports per node.")
+    network_interface = _text("Interface whose address Ray uses on each node (e.g. ib0).")
+    node_ip_address_command = _text("Shell command printing each node's address for Ray.")
+    ray_start_args = _lines("More `ray start` long options, one per entry.")
+    env = Dict(
+        value_trait=Unicode(),
+        default_value=None,
+        allow_none=True,
+        help="Extra environment of the Ray processes.",
+    ).tag(config=True)
+    object_store_memory = _text_or_int("Object store size per node: bytes or a size like 2G.")
+    idle_timeout = _float("Seconds without the owning kernel before the cluster stops itself.")
+    start_timeout = _float("Seconds Ray may take to start once the job runs.")
+    walltime_warning = _int("Seconds before the walltime at which the cluster is warned.")
+    # -- this package ---------------------------------------------------------------------
+    default_profile = _text("Profile used when none is named.")
+    profiles_file = _text(
+        f"TOML file of profiles (default: <jupyter config dir>/{PROFILES_FILENAME})."
+    )
+    connect_timeout = _float("Seconds one Ray Client connect attempt may take (default 30).")
+    poll_interval = _float("Seconds between two Slurm status queries (default 1).")
+    # -- where Slurm runs -----------------------------------------------------------------
+    login_host = _text("Login node to reach over SSH; unset means Slurm runs on this machine.")
+    login_user = _text("User name on the login node.")
+    login_port = _int("SSH port of the login node.")
+    ssh_key = _text("Private key file for the login node.")
+    known_hosts = _text("known_hosts file that holds the login node's host key.")
+    command_prefix = _lines(
+        "Run Slurm commands through this argv prefix, e.g. a site wrapper or "
+        "['runuser', '-u', 'alice', '--'] (local Slurm only)."
+    )
+
+    @validate(*SPEC_SETTINGS)
+    def _valid_spec_setting(self, proposal: Any) -> Any:
+        name, value = proposal["trait"].name, proposal["value"]
+        if value is not None:
+            try:
+                _SPEC_FIELDS[name].metadata["check"](name, value)
+            except SpecError as exc:
+                raise TraitError(str(exc)) from None
+        return value
+
+
+# ----------------------------------------------------------------------------- env overrides
+
+_FLOATS = frozenset({"connect_timeout", "poll_interval"})
+_INTS = frozenset({"login_port"})
+_ARGV_LISTS = frozenset({"command_prefix", "extra_sbatch", "ray_start_args"})
+
+
+def env_name(setting: str) -> str:
+    return ENV_PREFIX + setting.upper()
+
+
+def _from_env(setting: str, text: str) -> Any:
+    """A setting's value from its environment variable's text (ClusterSpec parses the rest)."""
+    source = env_name(setting)
+    try:
+        if setting in _ARGV_LISTS:
+            return shlex.split(text)
+        if setting == "env":
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError("not a JSON object")
+            return value
+        if setting in _INTS:
+            return int(text)
+        if setting in _FLOATS:
+            return float(text)
+    except ValueError as exc:
+        raise SpecError(setting, text, f"a valid value in {source} ({exc})") from None
+    return text
+
+
+def _environment_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, Any]]:
+    """Setting -> (source, value) for every JUPYTER_SLURM_RAY_* variable that names a setting."""
+    found = {}
+    for setting in SlurmRay.class_trait_names(config=True):
+        text = environ.get(env_name(setting))
+        if text is not None and text.strip():
+            found[setting] = (f"env {env_name(setting)}", _from_env(setting, text.strip()))
+    return found
+
+
+def effective_setting(
+    name: str, config: SlurmRay | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[Any, str]:
+    """(value, source) of one SlurmRay setting: env over config, None with source "default"."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(env_name(name))
+    if text is not None and text.strip():
+        return _from_env(name, text.strip()), f"env {env_name(name)}"
+    value = getattr(config, name) if config is not None else None
+    return (value, f"config SlurmRay.{name}") if value is not None else (None, "default")
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A named preset of cluster settings from the profiles file."""
+
+    name: str
+    settings: dict[str, Any]
+    description: str = ""
+
+
+def profiles_path(config: SlurmRay | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The profiles file in effect (it may not exist)."""
+    value, _ = effective_setting("profiles_file", config, environ)
+    if value:
+        return Path(os.path.expanduser(value))
+    from jupyter_core.paths import jupyter_config_dir
+
+    return Path(jupyter_config_dir()) / PROFILES_FILENAME
+
+
+def load_profiles(path: Path) -> dict[str, Profile]:
+    """Every profile in ``path`` (none when it does not exist); SpecError when malformed."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError("profiles_file", str(path), f"a readable file ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        allowed = f"valid TOML with [profiles.NAME] tables of cluster settings ({exc})"
+        raise SpecError("profiles_file", str(path), allowed) from None
+    tables = data.get("profiles", {})
+    if not isinstance(tables, dict) or set(data) - {"profiles"}:
+        allowed = "only [profiles.NAME] tables of cluster settings at the top level"
+        raise SpecError("profiles_file", str(path), allowed)
+    return {name: _profile(path, name, table) for name, table in tables.items()}
+
+
+def _profile(path: Path, name: str, table: Any) -> Profile:
+    where = f"profile {name} in {path}"
+    if not isinstance(table, dict):
+        raise SpecError(where, table, "a table of cluster settings")
+    settings = dict(table)
+    description = settings.pop("description", "")
+    for key, value in settings.items():
+        if key.replace("-", "_") not in SPEC_SETTINGS:
+            allowed = f"a cluster setting: {', '.join(SPEC_SETTINGS)} (or description)"
+            raise SpecError(f"{where}: {key}", value, allowed)
+    return Profile(name, settings, str(description))
+
+
+def find_profile(name: str, config: SlurmRay | None, environ: Mapping[str, str]) -> Profile:
+    path = profiles_path(config, environ)
+    profiles = load_profiles(path)
+    if name not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        if not path.exists():
+            allowed = f"a profile defined in {path}, which does not exist"
+        else:
+            allowed = f"a profile defined in {path}: {known}"
+        raise SpecError("profile", name, allowed)
+    return profiles[name]
+
+
+# ----------------------------------------------------------------------------- resolve
+
+
+def resolve_spec(
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    profile: str | None = None,
+    config: SlurmRay | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[ClusterSpec, dict[str, str]]:
+    """The spec a request means, and each field's source ("argument", "profile gpu-small",
+    "env JUPYTER_SLURM_RAY_TIME", "config SlurmRay.time" or "default").
+
+    ``profile`` None means the default profile (``SlurmRay.default_profile``), if any.
+    """
+    environ = os.environ if environ is None else environ
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if config is not None:
+        for name in SPEC_SETTINGS:
+            value = getattr(config, name)
+            if value is not None:
+                layers.append((f"config SlurmRay.{name}", {name: value}))
+    for name, (source, value) in _environment_settings(environ).items():
+        if name in SPEC_SETTINGS:
+            layers.append((source, {name: value}))
+    if profile is None:
+        profile, _ = effective_setting("default_profile", config, environ)
+    if profile:
+        layers.append((f"profile {profile}", find_profile(profile, config, environ).settings))
+    if arguments:
+        layers.append(("argument", arguments))
+    return resolve(layers)
+
+
+def make_transport(
+    config: SlurmRay | None = None, environ: Mapping[str, str] | None = None
+) -> Transport:
+    """SSHTransport to ``login_host`` when it is set, else LocalTransport (``command_prefix``)."""
+
+    def setting(name: str) -> Any:
+        return effective_setting(name, config, environ)[0]
+
+    host = setting("login_host")
+    if not host:
+        return LocalTransport(setting("command_prefix") or ())
+    key = setting("ssh_key")
+    known_hosts = setting("known_hosts")
+    return SSHTransport(
+        host,
+        port=setting("login_port"),
+        username=setting("login_user"),
+        client_keys=[os.path.expanduser(key)] if key else None,
+        known_hosts=os.path.expanduser(known_hosts) if known_hosts else (),
+    )
