@@ -1,0 +1,56 @@
+"""Jupyter server extension: the clusters REST API and the authenticated Ray dashboard proxy.
+
+Routes (under the server's ``base_url``):
+
+- ``slurm-ray/api/clusters`` (GET list, POST create) and ``slurm-ray/api/clusters/<id>``
+  (GET with events and log tail, DELETE stop) — see ``handlers.py`` and ``manager.py``;
+- ``slurm-ray/dashboard/<id>/…`` — the cluster's Ray dashboard, see ``proxy.py``.
+
+Kernels started by this server find the dashboard prefix in ``$JUPYTER_SLURM_RAY_DASHBOARD_BASE``
+so their links (``<prefix><id>/``) open through the proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from jupyter_server.utils import url_path_join
+
+from ..registry import Registry
+from . import handlers, proxy
+from .manager import ClusterManager
+from .targets import DashboardTargets
+
+log = logging.getLogger(__name__)
+
+DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "jupyter_slurm_ray.server"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from ..config import SlurmRay, make_transport, resolve_spec
+
+    web_app = serverapp.web_app
+    base_url = web_app.settings["base_url"]
+    config = SlurmRay(parent=serverapp)
+    registry = Registry()
+    manager = ClusterManager(
+        registry,
+        resolve_spec=lambda settings, profile: resolve_spec(
+            settings, profile=profile, config=config
+        )[0],
+        make_transport=lambda: make_transport(config),
+    )
+    targets = DashboardTargets(registry, lambda record: manager.transport(record.target))
+    web_app.settings["slurm_ray_manager"] = manager
+    web_app.add_handlers(
+        ".*$",
+        handlers.route_specs(base_url, manager) + proxy.route_specs(base_url, targets),
+    )
+    os.environ[DASHBOARD_BASE_ENV] = url_path_join(base_url, proxy.PREFIX) + "/"
+    serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)

@@ -1,0 +1,117 @@
+"""REST handlers of ``/slurm-ray/api/clusters``: thin translations of HTTP to ``ClusterManager``.
+
+Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from ..errors import SlurmRayError, SpecError
+from .manager import ClusterManager, NotFound
+from .proxy import PREFIX as DASHBOARD_PREFIX
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "slurm-ray/api"
+
+
+class ApiError(web.HTTPError):
+    """An HTTP error whose JSON body may name the offending input field."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(status, message)
+        self.message = message
+        self.field = field
+
+
+@contextmanager
+def _as_http_errors() -> Iterator[None]:
+    try:
+        yield
+    except NotFound as exc:
+        raise ApiError(404, str(exc)) from None
+    except SpecError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
+    except SlurmRayError as exc:
+        raise ApiError(502, str(exc)) from None
+
+
+class _ClustersHandler(APIHandler):
+    def initialize(self, manager: ClusterManager) -> None:
+        self.manager = manager
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None))[1]
+        if not isinstance(exc, ApiError):
+            return super().write_error(status_code, **kwargs)
+        self.set_header("Content-Type", "application/json")
+        reply = {"message": exc.message, "field": exc.field}
+        self.finish(json.dumps(reply))
+
+    def _with_links(self, view: dict[str, Any]) -> dict[str, Any]:
+        view["dashboard_url"] = url_path_join(self.base_url, DASHBOARD_PREFIX, view["id"]) + "/"
+        return view
+
+    def _int_argument(self, name: str, default: int, high: int) -> int:
+        text = self.get_argument(name, str(default))
+        if not text.isdigit() or not 0 < int(text) <= high:
+            raise ApiError(400, f"{name}: {text!r} is not a whole number from 1 to {high}", name)
+        return int(text)
+
+
+class ClusterListHandler(_ClustersHandler):
+    """``GET``: every cluster, reconciled with Slurm. ``POST``: create one from a profile."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        with _as_http_errors():
+            listing = await self.manager.list()
+        listing["clusters"] = [self._with_links(c) for c in listing["clusters"]]
+        self.finish(json.dumps(listing))
+
+    @web.authenticated
+    async def post(self) -> None:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+        with _as_http_errors():
+            view = await self.manager.create(body)
+        self.set_status(201)
+        self.finish(json.dumps(self._with_links(view)))
+
+
+class ClusterHandler(_ClustersHandler):
+    """``GET``: one cluster with recent events and log tail. ``DELETE``: stop it."""
+
+    @web.authenticated
+    async def get(self, cluster_id: str) -> None:
+        events = self._int_argument("events", 50, 1000)
+        tail = self._int_argument("tail", 100, 5000)
+        with _as_http_errors():
+            view = await self.manager.get(cluster_id, events=events, log_lines=tail)
+        self.finish(json.dumps(self._with_links(view)))
+
+    @web.authenticated
+    async def delete(self, cluster_id: str) -> None:
+        with _as_http_errors():
+            view = await self.manager.stop(cluster_id)
+        self.finish(json.dumps(self._with_links(view)))
+
+
+def route_specs(base_url: str, manager: ClusterManager) -> list[tuple[str, type, dict]]:
+    prefix = url_path_join(base_url, API_PREFIX, "clusters")
+    kwargs = {"manager": manager}
+    return [
+        (prefix, ClusterListHandler, kwargs),
+        (prefix + r"/([^/]+)", ClusterHandler, kwargs),
+    ]

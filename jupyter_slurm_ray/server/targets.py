@@ -1,0 +1,127 @@
+"""Where the dashboard of a registered cluster is, and its Ray token, for the dashboard proxy.
+
+The only source of a proxy target is the registry: a cluster id maps to the head address and
+dashboard port written by the bootstrap (``connection.json`` in the job dir), reached directly on
+the login node or through an SSH forward. Nothing in a request can name a host or a port.
+The token stays in this process; it is never logged and never sent to the browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..connect import ConnectionInfo
+from ..errors import SlurmRayError
+from ..registry import ClusterRecord, Registry
+from ..states import State
+from ..transport import Forward, SSHTransport, Transport
+
+log = logging.getLogger(__name__)
+
+TransportLookup = Callable[[ClusterRecord], Transport]
+
+
+class UnknownCluster(SlurmRayError):
+    """No cluster with that id in the registry (the proxy answers 404)."""
+
+
+class DashboardUnavailable(SlurmRayError):
+    """The cluster exists but its dashboard cannot be reached now (the proxy answers 503)."""
+
+
+@dataclass(frozen=True)
+class DashboardTarget:
+    """The address the proxy connects to for one cluster, and the token it injects."""
+
+    cluster_id: str
+    host: str
+    port: int
+    token: str
+
+
+@dataclass
+class _Cached:
+    job_id: str | None
+    info: ConnectionInfo
+    token: str
+    forward: Forward
+
+
+class DashboardTargets:
+    """Resolves a cluster id to its dashboard, per request, with per-job caching."""
+
+    def __init__(self, registry: Registry, transport_for: TransportLookup) -> None:
+        self.registry = registry
+        self._transport_for = transport_for
+        self._cache: dict[str, _Cached] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def resolve(self, cluster_id: str) -> DashboardTarget:
+        record = self._record(cluster_id)
+        state = State(record.state) if record.state in State.__members__ else State.FAILED
+        if state.is_final:
+            self._cache.pop(cluster_id, None)
+            raise DashboardUnavailable(f"cluster {record.name} is {state.value}")
+        lock = self._locks.setdefault(cluster_id, asyncio.Lock())
+        async with lock:
+            cached = self._cache.get(cluster_id)
+            transport = self._transport_for(record)
+            if cached is None or cached.job_id != record.job_id:
+                cached = await self._load(record, transport)
+                self._cache[cluster_id] = cached
+            if isinstance(transport, SSHTransport) and not cached.forward.is_open:
+                info = cached.info  # the SSH connection was lost and not restored: forward again
+                cached.forward = await transport.forward(info.head_ip, info.dashboard_port)
+        fwd = cached.forward
+        return DashboardTarget(cluster_id, fwd.local_host, fwd.local_port, cached.token)
+
+    def forget(self, cluster_id: str) -> None:
+        cached = self._cache.pop(cluster_id, None)
+        if cached is not None:
+            cached.forward.close()
+
+    def _record(self, cluster_id: str) -> ClusterRecord:
+        try:
+            record = self.registry.load(cluster_id)
+        except SlurmRayError:
+            record = None
+        if record is None:
+            raise UnknownCluster(f"no cluster {cluster_id!r}")
+        return record
+
+    async def _load(self, record: ClusterRecord, transport: Transport) -> _Cached:
+        if not record.job_dir:
+            raise DashboardUnavailable(f"cluster {record.name} has no job directory yet")
+        try:
+            text = await transport.read_file_if_exists(f"{record.job_dir}/connection.json")
+            if text is None:
+                raise DashboardUnavailable(f"cluster {record.name} is not ready yet")
+            info = ConnectionInfo.from_json(text)
+            token = await self._token(record, transport)
+            forward = await transport.forward(info.head_ip, info.dashboard_port)
+        except DashboardUnavailable:
+            raise
+        except SlurmRayError as exc:
+            raise DashboardUnavailable(f"cluster {record.name}: {exc}") from None
+        log.info(
+            "dashboard of %s: %s:%d via %s:%d",
+            record.id,
+            info.head_ip,
+            info.dashboard_port,
+            forward.local_host,
+            forward.local_port,
+        )
+        return _Cached(record.job_id, info, token, forward)
+
+    async def _token(self, record: ClusterRecord, transport: Transport) -> str:
+        local = self.registry.token_path(record.id)
+        try:
+            token = local.read_text().strip()
+        except FileNotFoundError:
+            token = (await transport.read_file(f"{record.job_dir}/ray_token")).strip()
+        if not token:
+            raise DashboardUnavailable(f"cluster {record.name} has an empty Ray token")
+        return token
