@@ -83,7 +83,7 @@ def server_environment(root: Path, user: str, **extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def jupyter_server(
-    root: Path, user: str, *, app: str = "jupyter_server"
+    root: Path, user: str, *, app: str = "jupyter_server", extra_args: tuple[str, ...] = ()
 ) -> Iterator[JupyterServer]:
     """``python -m <app>`` with a token on a free loopback port; stopped by its PID at the end."""
     for sub in ("config", "data", "runtime", "state"):
@@ -103,6 +103,7 @@ def jupyter_server(
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
         "--ServerApp.jpserver_extensions={'jupyter_slurm_ray.server': True}",
+        *extra_args,
     ]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(

@@ -1,0 +1,118 @@
+"""Cost of the authenticated dashboard proxy, against the Ray head reached directly.
+
+One run, one cluster (one node, one CPU) and one Jupyter server subprocess:
+
+- latency of ``api/cluster_status`` and of the dashboard index, through the proxy and direct
+  to the head (medians, and the proxy/direct ratio);
+- requests per second through the proxy with 8 concurrent clients;
+- the Jupyter server process's memory (RSS, PSS) before and after 1,000 proxied requests.
+
+Run on the testbed's login node:
+    scripts/testbed exec -- /opt/jupyter-slurm-ray/venv/bin/python benchmarks/proxy.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.server_helpers import head_of, jupyter_server, start_cluster
+
+
+def median_ms(fetch: Callable[[], requests.Response], repeats: int) -> float:
+    fetch().raise_for_status()  # warm-up: connection, target cache
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        response = fetch()
+        samples.append(time.perf_counter() - started)
+        response.raise_for_status()
+    return statistics.median(samples) * 1000
+
+
+def throughput(url: str, headers: dict[str, str], clients: int, seconds: float) -> float:
+    """Requests per second completed by ``clients`` threads, each with its own session."""
+    done = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def client(index: int) -> None:
+        with requests.Session() as session:
+            while time.monotonic() < stop:
+                session.get(url, headers=headers, timeout=30).raise_for_status()
+                done[index] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.monotonic() - started)
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    info = psutil.Process(pid).memory_full_info()
+    return info.rss / 2**20, info.pss / 2**20
+
+
+def main(repeats: int, requests_for_memory: int, seconds: float) -> None:
+    user = os.environ["JSR_USER"]
+    with tempfile.TemporaryDirectory(prefix="jsr-bench-") as tmp:
+        root = Path(tmp)
+        cluster = start_cluster(root / "state", user, "bench")
+        try:
+            with jupyter_server(root, user) as server:
+                run(server, cluster, repeats, requests_for_memory, seconds)
+        finally:
+            cluster.down()
+
+
+def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float) -> None:
+    head = head_of(cluster)
+    proxied = f"{server.url}slurm-ray/dashboard/{cluster.id}/"
+    jupyter = server.headers()
+    proxy_session, direct_session = requests.Session(), requests.Session()
+    print(f"cluster {cluster.id} (job {cluster.job_id}), head {head.url}, proxy {proxied}")
+    print(f"{'':24}{'direct ms':>10}{'proxy ms':>10}{'ratio':>8}   (medians of {repeats})")
+    for path in ("api/cluster_status", ""):
+        direct = median_ms(
+            lambda p=path: direct_session.get(head.url + p, headers=head.headers()), repeats
+        )
+        through = median_ms(lambda p=path: proxy_session.get(proxied + p, headers=jupyter), repeats)
+        label = path or "index.html"
+        print(f"{label:24}{direct:10.2f}{through:10.2f}{through / direct:8.2f}")
+    rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
+    direct_rate = throughput(head.url + "api/cluster_status", head.headers(), 8, seconds)
+    print(
+        f"8 clients, {seconds:g} s: {rate:.0f} req/s through the proxy, "
+        f"{direct_rate:.0f} req/s direct ({rate / direct_rate:.2f})"
+    )
+    before = memory_mb(server.proc.pid)
+    for i in range(requests_for_memory):
+        path = "api/cluster_status" if i % 2 else ""
+        proxy_session.get(proxied + path, headers=jupyter).raise_for_status()
+    after = memory_mb(server.proc.pid)
+    print(
+        f"server memory before/after {requests_for_memory} proxied requests: "
+        f"RSS {before[0]:.1f} -> {after[0]:.1f} MB, PSS {before[1]:.1f} -> {after[1]:.1f} MB"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    main(args.repeats, args.requests, args.seconds)

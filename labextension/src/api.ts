@@ -1,0 +1,100 @@
+/**
+ * The server extension's REST API (`slurm-ray/api/clusters`), typed.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** One cluster as the server reports it (registry record reconciled with Slurm). */
+export interface ICluster {
+  id: string;
+  name: string;
+  state: string;
+  reason: string | null;
+  phase: string | null;
+  job_id: string | null;
+  slurm_state: string | null;
+  nodes: string[];
+  nodes_wanted: number;
+  nodes_joined: number;
+  gpus_per_node: number;
+  time_limit: number | null;
+  time_left: number | null;
+  estimated_start: string | null;
+  owner: string;
+  owner_host: string;
+  owner_pid: number;
+  owner_alive: boolean;
+  server_owned: boolean;
+  detached: boolean;
+  target: string;
+  attach_command: string;
+  dashboard_url: string;
+}
+
+/** The listing, with the time Slurm was last asked. */
+export interface IClusterList {
+  clusters: ICluster[];
+  reconciled_at: number;
+  slurm_queries: number;
+}
+
+/** One cluster with its recent bootstrap events and the tail of its job output. */
+export interface IClusterDetails extends ICluster {
+  events: Array<Record<string, unknown>>;
+  log_tail: string;
+}
+
+/** An error answered by the API: its message, and the input field at fault if any. */
+export class ApiError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly field: string | null = null
+  ) {
+    super(message);
+  }
+}
+
+const settings = (): ServerConnection.ISettings => ServerConnection.makeSettings();
+
+async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const s = settings();
+  const url = URLExt.join(s.baseUrl, 'slurm-ray/api/clusters', path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, s);
+  } catch (error) {
+    throw new ApiError(`the Jupyter server did not answer: ${error}`, 0);
+  }
+  const text = await response.text();
+  let data: any = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = { message: text };
+  }
+  if (!response.ok) {
+    throw new ApiError(
+      data?.message ?? response.statusText,
+      response.status,
+      data?.field ?? null
+    );
+  }
+  return data as T;
+}
+
+export const listClusters = (): Promise<IClusterList> => request<IClusterList>('');
+
+export const getCluster = (id: string, tail = 200): Promise<IClusterDetails> =>
+  request<IClusterDetails>(`${encodeURIComponent(id)}?tail=${tail}&events=100`);
+
+export const stopCluster = (id: string): Promise<ICluster> =>
+  request<ICluster>(encodeURIComponent(id), { method: 'DELETE' });
+
+export const createCluster = (settings: Record<string, unknown>): Promise<ICluster> =>
+  request<ICluster>('', { method: 'POST', body: JSON.stringify(settings) });
+
+/** The proxied dashboard of a cluster, under this server's base URL. */
+export function dashboardUrl(id: string): string {
+  return URLExt.join(settings().baseUrl, 'slurm-ray/dashboard', encodeURIComponent(id), '/');
+}

@@ -1,0 +1,158 @@
+/**
+ * The extension's commands: used by the sidebar's buttons, the palette and dashboard links.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { Clipboard, Dialog, InputDialog, Notification, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+
+import { ApiError, createCluster, stopCluster } from './api';
+import { openDashboard } from './dashboard';
+import { showLogs } from './logs';
+
+export namespace CommandIDs {
+  export const openDashboard = 'slurm-ray:open-dashboard';
+  export const stop = 'slurm-ray:stop';
+  export const copyAttach = 'slurm-ray:copy-attach';
+  export const showLogs = 'slurm-ray:show-logs';
+  export const refresh = 'slurm-ray:refresh';
+  export const create = 'slurm-ray:create';
+  export const showSidebar = 'slurm-ray:show-sidebar';
+}
+
+/** What the commands need from the rest of the extension. */
+export interface ICommandContext {
+  refresh: () => Promise<void>;
+  /** Cluster id → name, from the sidebar's last listing. */
+  nameOf: (id: string) => string | undefined;
+  defaultProfile: () => string;
+  sidebarId: string;
+}
+
+interface IClusterArgs {
+  id?: string;
+  name?: string;
+}
+
+async function pickCluster(app: JupyterFrontEnd, ctx: ICommandContext, args: IClusterArgs): Promise<IClusterArgs | null> {
+  if (args.id) {
+    return { id: args.id, name: args.name ?? ctx.nameOf(args.id) };
+  }
+  const answer = await InputDialog.getText({ title: 'Cluster id', placeholder: 'e.g. ray-1a2b3c4d' });
+  return answer.button.accept && answer.value ? { id: answer.value, name: ctx.nameOf(answer.value) } : null;
+}
+
+export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
+  const { commands } = app;
+
+  commands.addCommand(CommandIDs.openDashboard, {
+    label: 'Slurm Ray: Open Dashboard',
+    caption: 'Open the Ray dashboard of the cluster in a tab',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (picked?.id) {
+        openDashboard(app, picked.id, picked.name);
+      }
+    }
+  });
+
+  commands.addCommand(CommandIDs.stop, {
+    label: 'Slurm Ray: Stop Cluster…',
+    caption: 'Cancel the Slurm job of the cluster',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (!picked?.id) {
+        return;
+      }
+      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
+      const result = await showDialog({
+        title: 'Stop the cluster?',
+        body: `This cancels the Slurm job of ${label}. Work running on it is lost.`,
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
+      });
+      if (!result.button.accept) {
+        return;
+      }
+      try {
+        const stopped = await stopCluster(picked.id);
+        Notification.success(`${label} is ${stopped.state}.`, { autoClose: 5000 });
+      } catch (error) {
+        await showErrorMessage('Could not stop the cluster', (error as Error).message);
+      }
+      await ctx.refresh();
+    }
+  });
+
+  commands.addCommand(CommandIDs.copyAttach, {
+    label: 'Slurm Ray: Copy %slurm_ray attach Command',
+    caption: 'Copy the magic that attaches a notebook to this cluster',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (picked?.id) {
+        const text = `%slurm_ray attach ${picked.name ?? picked.id}`;
+        Clipboard.copyToSystem(text);
+        Notification.info(`Copied: ${text}`, { autoClose: 3000 });
+      }
+    }
+  });
+
+  commands.addCommand(CommandIDs.showLogs, {
+    label: 'Slurm Ray: Show Logs',
+    caption: 'Show the bootstrap events and job output of the cluster',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (picked?.id) {
+        await showLogs(app, picked.id, picked.name);
+      }
+    }
+  });
+
+  commands.addCommand(CommandIDs.refresh, {
+    label: 'Slurm Ray: Refresh Clusters',
+    execute: () => ctx.refresh()
+  });
+
+  commands.addCommand(CommandIDs.showSidebar, {
+    label: 'Slurm Ray: Show Clusters',
+    execute: () => app.shell.activateById(ctx.sidebarId)
+  });
+
+  commands.addCommand(CommandIDs.create, {
+    label: 'Slurm Ray: New Cluster from a Profile…',
+    caption: 'Submit a cluster owned by the Jupyter server (a notebook can attach to it)',
+    execute: async args => {
+      const profile = await InputDialog.getText({
+        title: 'New Ray cluster from a profile',
+        label: 'Profile (empty: the server\'s default)',
+        text: String((args as any).profile ?? ctx.defaultProfile())
+      });
+      if (!profile.button.accept) {
+        return;
+      }
+      const name = await InputDialog.getText({ title: 'Cluster name', text: 'ray' });
+      if (!name.button.accept) {
+        return;
+      }
+      const settings: Record<string, unknown> = { name: name.value || 'ray' };
+      if (profile.value) {
+        settings.profile = profile.value;
+      }
+      try {
+        const created = await createCluster(settings);
+        Notification.success(`Submitted ${created.name}: job ${created.job_id}`, { autoClose: 5000 });
+      } catch (error) {
+        const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
+        await showErrorMessage(`Could not create the cluster${field}`, (error as Error).message);
+      }
+      await ctx.refresh();
+    }
+  });
+}
+
+export const paletteCommands = [
+  CommandIDs.showSidebar,
+  CommandIDs.refresh,
+  CommandIDs.create,
+  CommandIDs.openDashboard,
+  CommandIDs.stop,
+  CommandIDs.copyAttach,
+  CommandIDs.showLogs
+];

@@ -1,0 +1,187 @@
+/**
+ * The "Slurm Ray" sidebar: every cluster with its live state, and buttons for what to do.
+ *
+ * It polls the server's listing (the server asks Slurm at most every few seconds, whatever
+ * the number of browsers) and backs off while the server does not answer.
+ */
+import { CommandRegistry } from '@lumino/commands';
+import { Poll } from '@lumino/polling';
+import { Widget } from '@lumino/widgets';
+
+import { ICluster, IClusterList, listClusters } from './api';
+import { CommandIDs } from './commands';
+import { hms, isFinal, isUp, ownerText, stateKind, timeLeftNow } from './format';
+
+export class ClusterSidebar extends Widget {
+  constructor(private readonly commands: CommandRegistry) {
+    super();
+    this.id = 'jp-SlurmRay-sidebar';
+    this.addClass('jp-SlurmRay-sidebar');
+    this.title.caption = 'Slurm Ray clusters';
+    this.node.innerHTML = `
+      <header class="jp-SlurmRay-header">
+        <h2>Slurm Ray</h2>
+        <button class="jp-SlurmRay-refresh jp-Button jp-mod-minimal" title="Refresh now">⟳</button>
+      </header>
+      <div class="jp-SlurmRay-status" role="status"></div>
+      <ul class="jp-SlurmRay-list"></ul>`;
+    this._list = this.node.querySelector('.jp-SlurmRay-list') as HTMLUListElement;
+    this._status = this.node.querySelector('.jp-SlurmRay-status') as HTMLDivElement;
+    (this.node.querySelector('.jp-SlurmRay-refresh') as HTMLButtonElement).onclick = () =>
+      void this.refresh();
+    this._poll = new Poll({
+      factory: () => this._load(),
+      frequency: { interval: 5000, backoff: true, max: 120_000 },
+      standby: 'when-hidden',
+      name: 'slurm-ray:clusters'
+    });
+  }
+
+  /** Seconds between two listings while the server answers. */
+  set refreshInterval(seconds: number) {
+    this._poll.frequency = { ...this._poll.frequency, interval: Math.max(1, seconds) * 1000 };
+  }
+
+  /** The clusters of the last listing. */
+  get clusters(): ICluster[] {
+    return this._last?.clusters ?? [];
+  }
+
+  /** Ask the server now (e.g. after a stop or a create). */
+  refresh(): Promise<void> {
+    return this._poll.refresh();
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    window.clearInterval(this._ticker);
+    super.dispose();
+  }
+
+  protected onAfterAttach(): void {
+    this._ticker = window.setInterval(() => this._tick(), 1000);
+  }
+
+  protected onBeforeDetach(): void {
+    window.clearInterval(this._ticker);
+  }
+
+  private async _load(): Promise<void> {
+    try {
+      this._last = await listClusters();
+      this._status.textContent = '';
+      this._status.classList.remove('jp-mod-error');
+    } catch (error) {
+      this._status.textContent = `Cannot list the clusters: ${(error as Error).message} (retrying)`;
+      this._status.classList.add('jp-mod-error');
+      throw error; // the poll backs off
+    }
+    this._render();
+  }
+
+  private _render(): void {
+    const listing = this._last;
+    if (!listing) {
+      return;
+    }
+    this._list.replaceChildren();
+    if (listing.clusters.length === 0) {
+      const empty = document.createElement('li');
+      empty.className = 'jp-SlurmRay-empty';
+      empty.textContent = 'No clusters yet. Start one with %slurm_ray up in a notebook.';
+      this._list.appendChild(empty);
+      return;
+    }
+    for (const cluster of [...listing.clusters].reverse()) {
+      this._list.appendChild(this._card(cluster, listing.reconciled_at));
+    }
+  }
+
+  private _card(cluster: ICluster, reconciledAt: number): HTMLLIElement {
+    const item = document.createElement('li');
+    item.className = 'jp-SlurmRay-cluster';
+    item.dataset.clusterId = cluster.id;
+    item.dataset.state = cluster.state;
+    const title = el('div', 'jp-SlurmRay-title');
+    title.append(el('span', 'jp-SlurmRay-name', cluster.name));
+    const badge = el('span', `jp-SlurmRay-badge jp-mod-${stateKind(cluster.state)}`, cluster.state);
+    title.append(badge);
+    item.append(title);
+    const why = cluster.reason ?? (cluster.state === 'STARTING' ? cluster.phase : null);
+    if (why) {
+      item.append(el('div', 'jp-SlurmRay-reason', why));
+    }
+    const facts = el('div', 'jp-SlurmRay-facts');
+    facts.append(
+      fact('Nodes', `${cluster.nodes_joined}/${cluster.nodes_wanted}`),
+      fact('GPUs/node', String(cluster.gpus_per_node)),
+      fact('Left', isFinal(cluster.state) ? '—' : hms(timeLeftNow(cluster, reconciledAt)), 'left'),
+      fact('Job', cluster.job_id ?? '—'),
+      fact('Owner', ownerText(cluster))
+    );
+    item.append(facts);
+    const actions = el('div', 'jp-SlurmRay-actions');
+    const args = { id: cluster.id, name: cluster.name };
+    actions.append(
+      this._button('Dashboard', CommandIDs.openDashboard, args, !isUp(cluster.state)),
+      this._button('Stop', CommandIDs.stop, args, isFinal(cluster.state)),
+      this._button('Copy attach', CommandIDs.copyAttach, args, false),
+      this._button('Logs', CommandIDs.showLogs, args, !cluster.job_id)
+    );
+    item.append(actions);
+    return item;
+  }
+
+  private _button(label: string, command: string, args: any, disabled: boolean): HTMLButtonElement {
+    const button = document.createElement('button');
+    button.className = 'jp-Button jp-mod-styled jp-mod-reject jp-SlurmRay-action';
+    button.textContent = label;
+    button.dataset.command = command;
+    button.disabled = disabled;
+    button.title = this.commands.caption(command, args) || label;
+    button.onclick = () => void this.commands.execute(command, args);
+    return button;
+  }
+
+  /** Count the walltime down between two listings. */
+  private _tick(): void {
+    const listing = this._last;
+    if (!listing) {
+      return;
+    }
+    for (const cluster of listing.clusters) {
+      const node = this._list.querySelector(
+        `[data-cluster-id="${CSS.escape(cluster.id)}"] [data-fact="left"]`
+      );
+      if (node && !isFinal(cluster.state)) {
+        node.textContent = hms(timeLeftNow(cluster, listing.reconciled_at));
+      }
+    }
+  }
+
+  private _list: HTMLUListElement;
+  private _status: HTMLDivElement;
+  private _poll: Poll;
+  private _last: IClusterList | null = null;
+  private _ticker = 0;
+}
+
+function el(tag: string, className: string, text?: string): HTMLElement {
+  const node = document.createElement(tag);
+  node.className = className;
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function fact(label: string, value: string, key?: string): HTMLElement {
+  const node = el('span', 'jp-SlurmRay-fact');
+  node.append(el('span', 'jp-SlurmRay-factLabel', `${label} `));
+  const valueNode = el('span', 'jp-SlurmRay-factValue', value);
+  if (key) {
+    valueNode.dataset.fact = key;
+  }
+  node.append(valueNode);
+  return node;
+}

@@ -1,0 +1,145 @@
+"""The JupyterLab extension in a real browser: sidebar, dashboard tab, stop.
+
+JupyterLab runs as ``python -m jupyterlab`` (its real PID) with a token and a temporary
+settings directory; a cluster is started from Python as the testbed user, a stand-in for a
+notebook. Debian's Chromium is driven headless by Playwright.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect
+
+from tests.server_helpers import JupyterServer, jupyter_server, start_cluster
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lab")
+    notification = root / "settings" / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True)
+    (notification / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster(root, testbed_user):
+    cluster = start_cluster(root / "state", testbed_user, "labtest")
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture(scope="module")
+def lab(root, testbed_user, cluster) -> Iterator[JupyterServer]:
+    args = (
+        f"--LabApp.user_settings_dir={root / 'settings'}",
+        f"--LabApp.workspaces_dir={root / 'workspaces'}",
+    )
+    with jupyter_server(root, testbed_user, app="jupyterlab", extra_args=args) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def console() -> list[str]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def page(browser: Browser, lab: JupyterServer, console: list[str]) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            console.append(message.text)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+    yield page
+    context.close()
+
+
+def open_sidebar(page: Page) -> None:
+    tab = page.locator('.lm-TabBar-tab[data-id="jp-SlurmRay-sidebar"]')
+    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+        tab.click()
+    expect(page.locator("#jp-SlurmRay-sidebar")).to_be_visible()
+
+
+def card(page: Page, cluster_id: str):
+    return page.locator(f'.jp-SlurmRay-cluster[data-cluster-id="{cluster_id}"]')
+
+
+def test_lab_loads_with_the_extension_and_no_console_errors(page, console):
+    open_sidebar(page)
+    expect(page.locator("#jp-SlurmRay-sidebar h2")).to_have_text("Slurm Ray")
+    page.wait_for_timeout(2000)  # let late errors arrive
+    assert console == []
+
+
+def test_the_sidebar_shows_the_cluster_with_its_live_state(page, cluster):
+    open_sidebar(page)
+    item = card(page, cluster.id)
+    expect(item.locator(".jp-SlurmRay-badge")).to_have_text("READY", timeout=30_000)
+    expect(item.locator(".jp-SlurmRay-name")).to_have_text("labtest")
+    facts = item.locator(".jp-SlurmRay-facts")
+    expect(facts).to_contain_text("Nodes 1/1")
+    expect(facts).to_contain_text(f"Job {cluster.job_id}")
+    left = item.locator('[data-fact="left"]')
+    first = left.inner_text()
+    page.wait_for_timeout(2100)
+    assert left.inner_text() != first  # the walltime counts down
+
+
+def test_open_dashboard_shows_every_node_alive_in_a_lab_tab(page, cluster, artifacts):
+    open_sidebar(page)
+    card(page, cluster.id).get_by_role("button", name="Dashboard").click()
+    tab = page.locator(f"#slurm-ray-dashboard-{cluster.id}")
+    expect(tab).to_be_visible()
+    frame = page.frame_locator(f"#slurm-ray-dashboard-{cluster.id} iframe")
+    frame.get_by_role("tab", name="Cluster").or_(
+        frame.get_by_text("Cluster", exact=True)
+    ).first.click(timeout=60_000)
+    nodes = cluster.spec.nodes
+    expect(frame.get_by_text(f"TOTAL x {nodes}", exact=True)).to_be_visible(timeout=60_000)
+    expect(frame.get_by_text(f"ALIVE x {nodes}", exact=True)).to_be_visible()  # every node
+    for host in cluster.status.nodes:
+        row = frame.locator("tr", has=frame.get_by_text(host, exact=True))
+        expect(row.get_by_text("ALIVE", exact=True)).to_be_visible()
+    page.wait_for_timeout(1000)  # let the charts settle for the screenshot
+    page.screenshot(path=str(artifacts / "labextension-dashboard.png"))
+
+
+def test_stop_ends_the_slurm_job(page, cluster, artifacts):
+    open_sidebar(page)
+    item = card(page, cluster.id)
+    item.get_by_role("button", name="Stop").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Stop the cluster?")
+    dialog.get_by_role("button", name="Stop").click()
+    badge = item.locator(".jp-SlurmRay-badge")
+    expect(badge).to_have_text(re.compile("STOPPED|CANCELLED"), timeout=90_000)
+    page.screenshot(path=str(artifacts / "labextension-stopped.png"))
+    deadline = time.monotonic() + 30
+    while _squeue_state(cluster.job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _squeue_state(cluster.job_id) == ""
+
+
+def _squeue_state(job_id: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False
+    ).stdout.strip()
