@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import (
     CommandError,
     ConnectError,
@@ -23,4 +25,28 @@ __all__ = [
     "SpecError",
     "TransportError",
     "__version__",
+    "current",
+    "load_ipython_extension",
+    "panel",
 ]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_slurm_ray`` registers the ``%slurm_ray`` magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def panel(**kwargs: Any) -> Any:
+    """The cluster panel (``ClusterPanel``): a form, Up/Stop/Connect and live status."""
+    from .widget import ClusterPanel
+
+    return ClusterPanel(**kwargs)
+
+
+def current() -> Any:
+    """This kernel's current cluster (started or attached by the magics or the panel), or None."""
+    from .session import get_session
+
+    return get_session().current

@@ -1,0 +1,167 @@
+"""The ``%slurm_ray`` command line: subcommands, their options, and help, parsed without exiting.
+
+Parsing never exits the kernel and never prints a traceback: a bad option raises
+:class:`ArgumentError` (one line naming the subcommand), ``--help`` raises :class:`HelpRequested`
+carrying the help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any, NoReturn
+
+__all__ = [
+    "SUBCOMMANDS",
+    "ArgumentError",
+    "HelpRequested",
+    "parse",
+    "setup_lines",
+    "spec_arguments",
+]
+
+
+class ArgumentError(Exception):
+    """The magic's line is not valid; the message is one line for the user."""
+
+
+class HelpRequested(Exception):
+    """``--help`` was given; the message is the help text."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise ArgumentError(message or f"{self.prog}: exit {status}")
+
+    def print_help(self, file: Any = None) -> None:
+        raise HelpRequested(self.format_help())
+
+
+# Options of `up`, `script` and `config` that set cluster settings: (flags, field, help).
+_SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("-N", "--nodes"), "nodes", "number of nodes"),
+    (("-p", "--partition"), "partition", "Slurm partition"),
+    (("-t", "--time"), "time", "walltime: 30, 1:00:00, 1-12:00:00 (required somewhere)"),
+    (("-A", "--account"), "account", "account to charge"),
+    (("-q", "--qos"), "qos", "quality of service"),
+    (("-c", "--cpus-per-node"), "cpus_per_node", "CPUs per node for Ray"),
+    (("--mem",), "mem_per_node", "memory per node: megabytes or 16G"),
+    (("-G", "--gpus-per-node"), "gpus_per_node", "GPUs per node"),
+    (("-C", "--constraint"), "constraint", "node features"),
+    (("--reservation",), "reservation", "Slurm reservation"),
+    (("--python",), "python", "the cluster side's Python (with ray installed)"),
+)
+
+
+def _add_spec_options(parser: argparse.ArgumentParser) -> None:
+    for flags, field, help in _SPEC_OPTIONS:
+        parser.add_argument(*flags, dest=field, metavar=field.split("_")[0].upper(), help=help)
+    parser.add_argument(
+        "--exclusive", action="store_const", const=True, default=None, help="whole nodes"
+    )
+    parser.add_argument(
+        "--setup",
+        action="append",
+        metavar="LINE",
+        help="a shell line run before Ray starts, after the configured ones (repeatable; "
+        "%%%%slurm_ray up takes them from the cell body)",
+    )
+    parser.add_argument("--name", help="the cluster's name (default: ray)")
+    parser.add_argument("--profile", help="a profile from the profiles file")
+
+
+def spec_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster settings given on the line (None for those not given)."""
+    arguments = {field: getattr(args, field) for _, field, _ in _SPEC_OPTIONS}
+    arguments["exclusive"] = args.exclusive
+    arguments["name"] = args.name
+    return arguments
+
+
+def setup_lines(args: argparse.Namespace, cell: str | None = None) -> list[str]:
+    """Setup lines from ``--setup`` and the cell body, run after the configured ones."""
+    lines = list(args.setup or [])
+    if cell is not None:
+        lines.extend(line for line in cell.splitlines() if line.strip())
+    return lines
+
+
+_NAME_HELP = "a cluster name, id or Slurm job id (default: this kernel's current cluster)"
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    root = _Parser(
+        prog="%slurm_ray",
+        description="Ray clusters in Slurm allocations, from this kernel.",
+        epilog="Each subcommand has --help. Settings: %config SlurmRay, profiles, "
+        "JUPYTER_SLURM_RAY_* variables; `%slurm_ray config` shows what applies.",
+    )
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parsers: dict[str, argparse.ArgumentParser] = {}
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help, description=help)
+        parsers[name] = parser
+        return parser
+
+    up = add("up", "Start a Ray cluster in a Slurm allocation, wait for it and connect.")
+    _add_spec_options(up)
+    up.add_argument("--detach", action="store_true", help="keep it running after this kernel")
+    up.add_argument("--no-connect", action="store_true", help="do not connect this kernel")
+    up.add_argument("--queue-timeout", type=float, metavar="S", help="give up after S s queued")
+
+    down = add("down", "Stop a cluster (disconnect, cancel the job, wait until it ended).")
+    down.add_argument("name", nargs="?", help=_NAME_HELP)
+    down.add_argument("--all", action="store_true", help="every active cluster of the registry")
+
+    for name, help in (
+        ("status", "Show a cluster's state, asking Slurm now."),
+        ("connect", "Connect this kernel to a cluster with Ray Client."),
+        ("dashboard", "Link to a cluster's Ray dashboard (through Jupyter when possible)."),
+    ):
+        add(name, help).add_argument("name", nargs="?", help=_NAME_HELP)
+
+    add("disconnect", "Disconnect this kernel's Ray Client (the cluster keeps running).")
+    add("list", "Every cluster in the registry (all kernels), with Slurm's view of its job.")
+    add("panel", "Open the cluster panel (form, buttons, live status, log tail).")
+
+    logs = add("logs", "Show the job's output, or one node's Ray log.")
+    logs.add_argument("name", nargs="?", help=_NAME_HELP)
+    logs.add_argument("--node", metavar="HOST", help="a node's Ray log instead of the job output")
+    logs.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines (100)")
+
+    attach = add("attach", "Adopt a running cluster (e.g. after a kernel restart) and connect.")
+    attach.add_argument("name", help="a cluster name, id or Slurm job id from the registry")
+    attach.add_argument("--no-connect", action="store_true", help="do not connect this kernel")
+
+    script = add("script", "Print the job script `up` would submit with these options.")
+    _add_spec_options(script)
+
+    config = add("config", "Show the settings `up` would use and where each comes from.")
+    _add_spec_options(config)
+    return root, parsers
+
+
+def parse(line: str, *, cell: bool = False) -> argparse.Namespace:
+    """Parse one magic line; ``cell`` (for %%slurm_ray) allows only ``up``."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise ArgumentError(f"%slurm_ray: cannot split the line: {exc}") from None
+    root, _ = _build()
+    if not words:
+        raise HelpRequested(root.format_help())
+    args, extra = root.parse_known_args(words)
+    if extra:
+        prog = f"%slurm_ray {args.command}" if args.command else "%slurm_ray"
+        unknown = " ".join(extra)
+        raise ArgumentError(f"{prog}: unrecognized arguments: {unknown} (see {prog} --help)")
+    if cell and args.command != "up":
+        raise ArgumentError("%%slurm_ray: only `%%slurm_ray up …` takes a cell body (setup lines)")
+    return args
+
+
+SUBCOMMANDS: tuple[str, ...] = tuple(_build()[1])

@@ -1,0 +1,145 @@
+"""How a cluster looks in a notebook: status lines, HTML badges and the cluster's rich repr."""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .states import State, Status
+
+if TYPE_CHECKING:
+    from .cluster import SlurmRayCluster
+
+__all__ = [
+    "badge_html",
+    "cluster_mimebundle",
+    "dashboard_links",
+    "format_duration",
+    "status_line",
+]
+
+_COLOURS = {
+    State.SUBMITTING: "#6c757d",
+    State.PENDING: "#b8860b",
+    State.STARTING: "#1f6feb",
+    State.READY: "#2e7d32",
+    State.CONNECTED: "#2e7d32",
+    State.STOPPING: "#6c757d",
+    State.STOPPED: "#6c757d",
+}
+_FAILURE_COLOUR = "#c62828"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``3725`` → ``"1:02:05"``; days as ``"2-03:04:05"``; ``"?"`` when unknown."""
+    if seconds is None:
+        return "?"
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}" if days else clock
+
+
+def walltime_left(status: Status, now: float | None = None) -> float | None:
+    """Seconds of walltime left now, counted down from Slurm's last answer."""
+    if status.time_left is None:
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, status.time_left - (now - status.at))
+
+
+def status_line(status: Status, *, since: float | None = None, now: float | None = None) -> str:
+    """One line: state, Slurm's reason or start-up phase, est. start, elapsed, time left."""
+    now = time.time() if now is None else now
+    parts = [status.state.value]
+    if status.state is State.STARTING:
+        joined = f"{status.nodes_joined}/{status.nodes_wanted} nodes"
+        parts.append(f"({status.phase or 'starting'}, {joined})")
+    elif status.reason:
+        parts.append(f"({status.reason})")
+    if status.job_id:
+        parts.append(f"job {status.job_id}")
+    if status.state is State.PENDING and status.estimated_start:
+        parts.append(f"est. start {status.estimated_start:%Y-%m-%d %H:%M}")
+    if since is not None and not status.state.is_final:
+        parts.append(f"elapsed {format_duration(now - since)}")
+    left = walltime_left(status, now)
+    if left is not None and status.state.is_up:
+        parts.append(f"{format_duration(left)} left")
+    if status.walltime_warning and not status.state.is_final:
+        parts.append("walltime almost over")
+    return " · ".join(parts)
+
+
+def badge_html(state: State) -> str:
+    colour = _COLOURS.get(state, _FAILURE_COLOUR)
+    return (
+        f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
+        f'font-family:monospace;font-size:90%">{state.value}</span>'
+    )
+
+
+DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"  # set by the server extension
+
+
+def dashboard_links(cluster: SlurmRayCluster) -> dict[str, str]:
+    """``{"proxied": …, "direct": …}``: the dashboard through Jupyter (behind its login) when
+    this kernel's server runs the extension, and the address on the cluster network."""
+    links = {}
+    base = os.environ.get(DASHBOARD_BASE_ENV)
+    if base:
+        links["proxied"] = f"{base.rstrip('/')}/{cluster.id}/"
+    if cluster.dashboard_url:
+        links["direct"] = cluster.dashboard_url
+    return links
+
+
+def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
+    status, spec = cluster.status, cluster.spec
+    yield "state", status_line(status)
+    yield (
+        "nodes",
+        f"{status.nodes_joined}/{spec.nodes} joined"
+        + (f" ({', '.join(status.nodes)})" if status.nodes else ""),
+    )
+    request = [f"{spec.nodes} × {spec.cpus_per_node or 'default'} CPU"]
+    if spec.gpus_per_node:
+        request.append(f"{spec.gpus_per_node} GPU per node")
+    request.append(f"walltime {spec.time}")
+    if spec.partition:
+        request.append(f"partition {spec.partition}")
+    yield "request", ", ".join(request)
+    yield "cluster id", cluster.id
+
+
+def cluster_mimebundle(
+    cluster: SlurmRayCluster, include: Any = None, exclude: Any = None
+) -> dict[str, str]:
+    """text/plain and text/html of a cluster, for ``SlurmRayCluster._repr_mimebundle_``."""
+    rows = list(_rows(cluster))
+    links = dashboard_links(cluster)
+    if links:
+        rows.append(("dashboard", links.get("proxied") or links["direct"]))
+    title = f"SlurmRayCluster {cluster.spec.name}"
+    text = "\n".join([title, *(f"  {key:<10} {value}" for key, value in rows)])
+    cells = "".join(
+        f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(key)}</th>"
+        f"<td style='text-align:left'>{_html_value(key, value)}</td></tr>"
+        for key, value in rows
+    )
+    markup = (
+        f"<div><b>{html.escape(title)}</b> {badge_html(cluster.state)}"
+        f"<table style='margin-top:4px'>{cells}</table></div>"
+    )
+    return {"text/plain": text, "text/html": markup}
+
+
+def _html_value(key: str, value: str) -> str:
+    if key == "dashboard":
+        url = html.escape(value, quote=True)
+        return f'<a href="{url}" target="_blank" rel="noopener">{url}</a>'
+    return html.escape(value)

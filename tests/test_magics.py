@@ -1,0 +1,395 @@
+"""``%slurm_ray`` in a real IPython shell against the testbed, plus a second real kernel.
+
+One cluster is started by this shell's ``up`` and shared by the tests that read it; a second one
+is started by another kernel (``%%slurm_ray up --detach``) to show ``list`` across kernels and
+``attach`` after that kernel restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from IPython.testing.globalipapp import start_ipython
+from jupyter_client.manager import KernelManager
+
+from jupyter_slurm_ray import session as session_module
+from jupyter_slurm_ray.magic_args import SUBCOMMANDS
+from jupyter_slurm_ray.magics import SlurmRayMagics
+from jupyter_slurm_ray.registry import Registry
+
+from .site_helpers import configured_site, job_fields, jobs_named, wait_for
+
+pytestmark = pytest.mark.testbed
+
+
+def get_ipython():
+    """The test shell (IPython's global test app; ``start_ipython`` returns it only once)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    start_ipython()
+    return InteractiveShell.instance()
+
+
+class Shell:
+    """An IPython shell with the magics loaded; ``run`` returns (stdout, stderr, error)."""
+
+    def __init__(self) -> None:
+        self.ip = get_ipython()
+        session_module._session = None  # a fresh kernel session for this module
+        self.magics = SlurmRayMagics(self.ip)
+        self.ip.register_magics(self.magics)
+
+    def run(self, cell: str, capfd) -> tuple[str, str, BaseException | None]:
+        capfd.readouterr()
+        result = self.ip.run_cell(cell)
+        out, err = capfd.readouterr()
+        return out, err, result.error_in_exec
+
+
+def one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("UsageError: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, testbed) -> Iterator[dict[str, str]]:
+    with configured_site(tmp_path_factory.mktemp("site")) as environment:
+        yield environment
+
+
+@pytest.fixture(scope="module")
+def shell(site) -> Iterator[Shell]:
+    shell = Shell()
+    shell.ip.run_cell('%config SlurmRay.default_profile = "testbed"')
+    yield shell
+    shell.ip.run_cell("%config SlurmRay.default_profile = None")
+    session_module._session = None
+
+
+@pytest.fixture
+def run(shell: Shell, capfd):
+    return lambda cell: shell.run(cell, capfd)
+
+
+@pytest.fixture
+def name() -> str:
+    return "m" + uuid.uuid4().hex[:8]
+
+
+# -- without a cluster ------------------------------------------------------------------------
+def test_load_ext_registers_the_magic(capfd):
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "jupyter_slurm_ray")
+    assert "slurm_ray" in ip.magics_manager.magics["line"]
+    assert "slurm_ray" in ip.magics_manager.magics["cell"]
+
+
+@pytest.mark.parametrize("command", ["", *SUBCOMMANDS])
+def test_every_subcommand_has_help(run, command):
+    out, err, error = run(f"%slurm_ray {command} --help")
+    assert error is None and not err
+    assert out.startswith(f"usage: %slurm_ray {command}".rstrip())
+
+
+def test_no_arguments_show_the_commands(run):
+    out, _, error = run("%slurm_ray")
+    assert error is None
+    assert all(command in out for command in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ("--frobnicate", "%slurm_ray up: unrecognized arguments: --frobnicate"),
+        ("-N 0", "nodes: '0' is not allowed; a whole number from 1"),
+        ("-t 25:99", "time: '25:99' is not allowed; a Slurm walltime like"),
+        ("--profile gpu-huge", "profile: 'gpu-huge' is not allowed; a profile defined in"),
+        ("-p nowhere", "partition: 'nowhere' is not allowed; a partition of this cluster: debug"),
+        ("-p short -t 1:00:00", "time: '01:00:00' is not allowed; at most 00:30:00 in partition"),
+        ("-C fast", "Invalid feature specification"),  # sbatch's own refusal, in one line
+    ],
+)
+def test_a_bad_request_is_one_line_and_submits_nothing(run, name, options, expected):
+    _, err, error = run(f"%slurm_ray up --name {name} {options}")
+    assert expected in one_line_error(err)
+    assert error is not None
+    assert jobs_named(name) == []
+    assert [r for r in Registry().all() if r.name == name] == []
+
+
+def test_a_malformed_profiles_file_is_one_line_and_submits_nothing(
+    run, name, tmp_path, monkeypatch
+):
+    bad = tmp_path / "profiles.toml"
+    bad.write_text("[profiles.testbed\nnodes = 1\n")
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_PROFILES_FILE", str(bad))
+    _, err, _ = run(f"%slurm_ray up --name {name}")
+    line = one_line_error(err)
+    assert f"profiles_file: '{bad}' is not allowed; valid TOML" in line
+    assert jobs_named(name) == []
+
+
+def test_a_missing_walltime_says_how_to_give_one(run, name):
+    run('%config SlurmRay.default_profile = ""')
+    try:
+        _, err, _ = run(f"%slurm_ray up --name {name}")
+    finally:
+        run('%config SlurmRay.default_profile = "testbed"')
+    assert "a walltime is required: pass -t 1:00:00" in one_line_error(err)
+
+
+def test_config_shows_each_setting_and_its_source(run):
+    run('%config SlurmRay.time = "2:00:00"')
+    try:
+        out, _, error = run("%slurm_ray config -N 2")
+    finally:
+        run("%config SlurmRay.time = None")
+    assert error is None
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert rows["nodes"].endswith("argument")
+    assert rows["time"].endswith("profile testbed")  # the profile beats the config
+    assert rows["python"].endswith("profile testbed")
+    assert rows["poll_interval"].endswith("env JUPYTER_SLURM_RAY_POLL_INTERVAL")
+    assert rows["default_profile"].endswith("config SlurmRay.default_profile")
+    assert rows["account"].endswith("default")
+    assert "gpu-small, testbed" in out
+
+
+def test_percent_config_sets_a_setting(run, shell):
+    run('%config SlurmRay.account = "proj9"')
+    try:
+        out, _, _ = run("%slurm_ray config")
+        assert shell.magics.settings.account == "proj9"
+        assert re.search(r"^account\s+'proj9'\s+config SlurmRay.account$", out, re.M)
+    finally:
+        run("%config SlurmRay.account = None")
+
+
+def test_script_shows_the_job_script_and_submits_nothing(run, name):
+    out, _, error = run(f"%slurm_ray script -N 2 -t 5 -G 1 --name {name} --setup 'echo hi'")
+    assert error is None
+    assert out.startswith("#!/bin/bash\n")
+    for line in ("--nodes=2", "--time=00:05:00", "--gpus-per-node=1", f"--job-name={name}"):
+        assert f"#SBATCH {line}" in out
+    assert "echo hi" in out
+    assert jobs_named(name) == []
+
+
+# -- one cluster started by this shell --------------------------------------------------------
+@pytest.fixture(scope="module")
+def started(shell: Shell, site) -> Iterator[dict]:
+    """``up`` with every Slurm short option the testbed accepts, connected."""
+    name = "m" + uuid.uuid4().hex[:8]
+    started = time.monotonic()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = shell.ip.run_cell(
+            f"%slurm_ray up -N 1 -p debug -t 10 -A proj1 -q normal -c 1 --mem 1500M -G 1 "
+            f"--name {name}"
+        )
+    assert result.error_in_exec is None, result.error_in_exec
+    cluster = shell.magics.session.current
+    seconds = time.monotonic() - started
+    info = {"name": name, "cluster": cluster, "seconds": seconds, "out": printed.getvalue()}
+    yield info
+    if not cluster.state.is_final:
+        cluster.down()
+
+
+def test_up_ends_connected_and_asks_slurm_for_the_options(started):
+    import ray
+
+    cluster = started["cluster"]
+    assert cluster.state.value == "CONNECTED"
+    job = job_fields(cluster.job_id)
+    assert job["JobName"] == started["name"] and job["Partition"] == "debug"
+    assert job["TimeLimit"] == "00:10:00" and job["NumNodes"] == "1"
+    assert job["Account"] == "proj1"
+    # Without accounting, Slurm keeps no QOS; the submitted script shows it was asked for.
+    assert "#SBATCH --qos=normal" in Path(job["Command"]).read_text().splitlines()
+    assert job["MinMemoryNode"] == "1500M" and job["CPUs/Task"] == "1"
+    assert "gpu:1" in job["TresPerNode"]
+    assert ray.cluster_resources()["GPU"] == 1
+    assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+
+
+def test_up_printed_each_state_in_order_as_text_in_a_terminal(started):
+    printed = re.findall(r"^\[ *[0-9.]+s\] ([A-Z]+)", started["out"], re.M)
+    seen = list(dict.fromkeys(printed))
+    order = ["SUBMITTING", "PENDING", "STARTING", "READY", "CONNECTED"]
+    assert seen == [state for state in order if state in seen], started["out"]
+    assert {"PENDING", "STARTING", "CONNECTED"} <= set(seen)
+    assert f"{started['name']} (" in started["out"].splitlines()[-2]  # the summary line
+
+
+def test_status_asks_slurm_and_shows_the_cluster(started, run):
+    out, _, error = run("%slurm_ray status")
+    assert error is None
+    assert f"SlurmRayCluster {started['name']}" in out
+    assert f"CONNECTED · job {started['cluster'].job_id}" in out
+    out, _, _ = run(f"%slurm_ray status {started['cluster'].job_id}")
+    assert started["name"] in out
+
+
+def test_logs_show_the_job_output_and_a_nodes_ray_log(started, run):
+    out, _, error = run("%slurm_ray logs --tail 5")
+    assert error is None and "==> slurm-" in out and "ready" in out
+    assert len([line for line in out.splitlines() if not line.startswith("==>")]) <= 10
+    node = started["cluster"].status.nodes[0]
+    out, _, error = run(f"%slurm_ray logs {started['name']} --node {node} --tail 3")
+    assert error is None and f"ray-head-{node}.log" in out
+
+
+def test_dashboard_gives_a_link(started, run):
+    out, _, error = run("%slurm_ray dashboard")
+    assert error is None
+    assert re.search(r"direct: http://10\.200\.0\.\d+:\d+/", out)
+
+
+def test_disconnect_then_connect(started, run):
+    import ray
+
+    out, _, error = run("%slurm_ray disconnect")
+    assert error is None and "READY" in out and not ray.is_initialized()
+    out, _, error = run(f"%slurm_ray connect {started['name']}")
+    assert error is None and "CONNECTED" in out
+    assert ray.get(ray.remote(lambda: "again").remote()) == "again"
+
+
+def test_a_second_connection_is_refused_in_one_line(started, run, name):
+    _, err, _ = run(f"%slurm_ray up --name {name}")
+    assert "allows one connection per process" in one_line_error(err)
+    assert jobs_named(name) == []
+
+
+# -- a second kernel --------------------------------------------------------------------------
+class Kernel:
+    """A real IPython kernel (subprocess) that we send cells to."""
+
+    def __init__(self) -> None:
+        self.manager = KernelManager(kernel_name="python3")
+        self.manager.start_kernel()
+        self._client()
+
+    def _client(self) -> None:
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """Execute ``code``; return its stdout, stderr and text results; raise on error."""
+        outputs: list[str] = []
+
+        def collect(message: dict) -> None:
+            content = message["content"]
+            if message["msg_type"] == "stream":
+                outputs.append(content["text"])
+            elif message["msg_type"] in ("execute_result", "display_data"):
+                outputs.append(content["data"].get("text/plain", "") + "\n")
+            elif message["msg_type"] == "error":
+                outputs.append("\n".join(content["traceback"]))
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
+        text = "".join(outputs)
+        if reply["content"]["status"] != "ok":
+            raise AssertionError(f"kernel cell failed:\n{code}\n{text}")
+        return text
+
+    def restart(self) -> None:
+        self.client.stop_channels()
+        self.manager.restart_kernel(now=False)
+        self._client()
+
+    def stop(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def other(site, testbed) -> Iterator[dict]:
+    """A cluster started, detached, by another kernel with ``%%slurm_ray up`` and setup lines."""
+    kernel = Kernel()
+    name = "k" + uuid.uuid4().hex[:8]
+    try:
+        kernel.run("%load_ext jupyter_slurm_ray")
+        started = time.monotonic()
+        out = kernel.run(
+            f"%%slurm_ray up --profile testbed --name {name} --detach\n"
+            'echo "setup line ran on $(hostname)"\n'
+        )
+        seconds = time.monotonic() - started
+        pid = int(kernel.run("import os; print(os.getpid())"))
+        yield {"kernel": kernel, "name": name, "out": out, "pid": pid, "seconds": seconds}
+    finally:
+        kernel.stop()
+
+
+def test_cell_body_lines_run_as_setup_before_ray(other, run):
+    assert "CONNECTED" in other["out"]
+    out, _, error = run(f"%slurm_ray logs {other['name']}")
+    assert error is None
+    assert re.search(r"setup line ran on node\d", out)
+
+
+def test_list_shows_a_cluster_started_by_another_kernel(other, started, run):
+    out, _, error = run("%slurm_ray list")
+    assert error is None
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows[other["name"]][3] == "CONNECTED"
+    assert "detached" in " ".join(rows[other["name"]][5:])
+    assert rows[started["name"]][3] == "CONNECTED"
+    assert "this process" in " ".join(rows[started["name"]])
+
+
+def test_attach_after_a_kernel_restart_reconnects_to_the_detached_cluster(other):
+    kernel = other["kernel"]
+    job_id = Registry().find(other["name"]).job_id
+    kernel.restart()
+    assert int(kernel.run("import os; print(os.getpid())")) != other["pid"]
+    assert jobs_named(other["name"]) == [job_id]  # the restart did not cancel it
+    kernel.run("%load_ext jupyter_slurm_ray")
+    out = kernel.run(f"%slurm_ray attach {job_id}")
+    assert "CONNECTED" in out, out
+    out = kernel.run(
+        "import ray, socket\nprint(ray.get(ray.remote(lambda: socket.gethostname()).remote()))"
+    )
+    assert re.fullmatch(r"node\d\n", out), out
+
+
+# -- stopping ---------------------------------------------------------------------------------
+def test_down_by_name_stops_the_cluster(started, run):
+    import ray
+
+    cluster = started["cluster"]
+    out, _, error = run(f"%slurm_ray down {started['name']}")
+    assert error is None and "STOPPED" in out
+    assert not ray.is_initialized()
+    assert job_fields(cluster.job_id)["JobState"] in ("CANCELLED", "COMPLETED")
+
+
+def test_down_all_stops_every_active_cluster_of_every_kernel(other, run):
+    out, _, error = run("%slurm_ray down --all")
+    assert error is None
+    assert re.search(rf"{other['name']} .*STOPPED", out), out
+    job_id = Registry().find(other["name"]).job_id
+    wait_for(
+        lambda: job_fields(job_id)["JobState"] in ("CANCELLED", "COMPLETED"), 30, "the job end"
+    )
+    out, _, _ = run("%slurm_ray list")
+    assert "CONNECTED" not in out and "READY" not in out
+
+
+def test_timings(started, other):
+    """Not a check: the numbers for the report (pytest -s shows them)."""
+    print(f"\nup+connect in this shell: {started['seconds']:.1f} s")
+    print(f"%%slurm_ray up --detach in another kernel: {other['seconds']:.1f} s")
