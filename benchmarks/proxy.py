@@ -3,7 +3,8 @@
 One run, one cluster (one node, one CPU) and one Jupyter server subprocess:
 
 - latency of ``api/cluster_status`` and of the dashboard index, through the proxy and direct
-  to the head (medians, and the proxy/direct ratio);
+  to the head (medians, and the proxy/direct ratio; "direct new conn" opens a connection per
+  request, as the proxy does towards the head);
 - requests per second through the proxy with 8 concurrent clients;
 - the Jupyter server process's memory (RSS, PSS) before and after 1,000 proxied requests.
 
@@ -81,17 +82,21 @@ def main(repeats: int, requests_for_memory: int, seconds: float) -> None:
 def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float) -> None:
     head = head_of(cluster)
     proxied = f"{server.url}slurm-ray/dashboard/{cluster.id}/"
-    jupyter = server.headers()
+    jupyter, ray_auth = server.headers(), head.headers()
     proxy_session, direct_session = requests.Session(), requests.Session()
     print(f"cluster {cluster.id} (job {cluster.job_id}), head {head.url}, proxy {proxied}")
-    print(f"{'':24}{'direct ms':>10}{'proxy ms':>10}{'ratio':>8}   (medians of {repeats})")
+    print(
+        f"{'':20}{'direct ms':>10}{'direct new conn':>16}{'proxy ms':>10}{'ratio':>7}"
+        f"   (medians of {repeats}; ratio = proxy / direct)"
+    )
     for path in ("api/cluster_status", ""):
         direct = median_ms(
             lambda p=path: direct_session.get(head.url + p, headers=head.headers()), repeats
         )
+        fresh = median_ms(lambda p=path: requests.get(head.url + p, headers=ray_auth), repeats)
         through = median_ms(lambda p=path: proxy_session.get(proxied + p, headers=jupyter), repeats)
         label = path or "index.html"
-        print(f"{label:24}{direct:10.2f}{through:10.2f}{through / direct:8.2f}")
+        print(f"{label:20}{direct:10.2f}{fresh:16.2f}{through:10.2f}{through / direct:7.2f}")
     rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
     direct_rate = throughput(head.url + "api/cluster_status", head.headers(), 8, seconds)
     print(
