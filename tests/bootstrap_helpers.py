@@ -1,0 +1,316 @@
+"""Job dirs, sbatch scripts and observations for the bootstrap tests on the real testbed.
+
+Everything acts as the test user (alice) through ``runuser``; the tests themselves run as root
+in the login namespace, so they can read alice's 0700 job dirs and scan /proc of every "node"
+(the testbed is one machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BOOTSTRAP = REPO / "jupyter_slurm_ray" / "bootstrap.py"
+VENV = Path("/opt/jupyter-slurm-ray/venv")
+VENV_PYTHON = VENV / "bin" / "python"
+USER = os.environ.get("JSR_USER", "alice")
+JOBS_ROOT = Path(f"/home/{USER}/.jupyter-slurm-ray/test-jobs")
+NODE_NETNS = "/run/netns/jsr-node{}"
+QUEUE_TIMEOUT = 300.0  # other test suites share the testbed's nodes
+
+SBATCH_TEMPLATE = """#!/bin/bash
+#SBATCH --job-name=jsr-bootstrap-test
+#SBATCH --nodes={nodes} --ntasks-per-node=1 --cpus-per-task={cpus} --time={minutes}
+#SBATCH --chdir={job_dir} --output={job_dir}/slurm-%j.out --error={job_dir}/slurm-%j.err
+#SBATCH --signal=B:USR1@60
+{extra_sbatch}
+{setup}
+exec {python} {job_dir}/bootstrap.py head {job_dir}
+"""
+DEFAULT_SETUP = f"source {VENV}/bin/activate"
+
+
+def as_user(*argv: str, user: str = USER, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    kwargs.setdefault("check", True)
+    return subprocess.run(
+        ["runuser", "-u", user, "--", *argv], capture_output=True, text=True, **kwargs
+    )
+
+
+def write_as_user(path: Path, content: str, mode: int = 0o600) -> None:
+    script = 'umask 077; cat > "$1" && chmod "$2" "$1"'
+    as_user("sh", "-c", script, "sh", str(path), f"{mode:o}", input=content)
+
+
+@dataclass
+class JobDir:
+    """A cluster's job dir, written as the client would before sbatch."""
+
+    path: Path
+    settings: dict[str, Any]
+    job_id: str = ""
+    submitted_at: float = 0.0
+    extra_sbatch: list[str] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, nodes: int = 1, **settings: Any) -> JobDir:
+        cluster_id = "t" + uuid.uuid4().hex[:10]
+        path = JOBS_ROOT / cluster_id
+        as_user("sh", "-c", 'umask 077; mkdir -p "$1"', "sh", str(path))
+        config = {
+            "cluster_id": cluster_id,
+            "nodes": nodes,
+            "port_strategy": "random",
+            "port_range": [20000, 32000],
+            "fixed_port_base": None,
+            "worker_ports": 16,
+            "network_interface": None,
+            "node_ip_address_command": None,
+            "ray_start_args": [],
+            "env": {},
+            "object_store_memory": 150 * 1024 * 1024,
+            "idle_timeout": 600.0,
+            "start_timeout": 120.0,
+            "lock_dir": None,
+        }
+        config.update(settings)
+        job = cls(path, config)
+        write_as_user(path / "bootstrap.py", BOOTSTRAP.read_text(), 0o600)
+        write_as_user(path / "ray_token", secrets.token_hex(32) + "\n", 0o600)
+        write_as_user(path / "lease", "0\n", 0o600)
+        write_as_user(path / "bootstrap.json", json.dumps(config, indent=1), 0o600)
+        return job
+
+    def submit(
+        self,
+        *,
+        cpus: int = 1,  # the testbed (2 CPUs a node) is shared with other suites
+        minutes: int = 10,
+        extra_sbatch: list[str] | None = None,
+        setup: str = DEFAULT_SETUP,
+        python: str = str(VENV_PYTHON),
+    ) -> str:
+        script = SBATCH_TEMPLATE.format(
+            nodes=self.settings["nodes"],
+            cpus=cpus,
+            minutes=minutes,
+            job_dir=self.path,
+            extra_sbatch="\n".join(f"#SBATCH {line}" for line in extra_sbatch or []),
+            setup=setup,
+            python=python,
+        )
+        write_as_user(self.path / "job.sbatch", script, 0o700)
+        self.submitted_at = time.monotonic()
+        done = as_user("sbatch", "--parsable", str(self.path / "job.sbatch"))
+        self.job_id = done.stdout.strip().split(";")[0]
+        return self.job_id
+
+    # ----- observations
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            lines = (self.path / "events.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def wait_started(self, timeout: float = QUEUE_TIMEOUT) -> dict[str, Any]:
+        """The head's first event: the job left the queue (others share the testbed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events = self.events()
+            if events:
+                return events[0]
+            time.sleep(0.2)
+        raise AssertionError(f"job did not start within {timeout} s\n{self.diagnostics()}")
+
+    def wait_for_event(
+        self, match: Callable[[dict[str, Any]], bool], timeout: float, fail_on_error: bool = True
+    ) -> dict[str, Any]:
+        """The first matching event, waiting up to timeout s after the job started."""
+        self.wait_started()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events = self.events()
+            for event in events:
+                if match(event):
+                    return event
+            errors = [e for e in events if e["event"] == "error"]
+            if fail_on_error and errors:
+                raise AssertionError(f"bootstrap error: {errors[0]}\n{self.diagnostics()}")
+            time.sleep(0.2)
+        raise AssertionError(f"no matching event within {timeout} s\n{self.diagnostics()}")
+
+    def wait_ready(self, timeout: float = 90.0) -> dict[str, Any]:
+        self.wait_for_event(lambda e: e["event"] == "ready", timeout)
+        return self.connection()
+
+    def connection(self) -> dict[str, Any]:
+        return json.loads((self.path / "connection.json").read_text())
+
+    def lease(self, content: str) -> None:
+        write_as_user(self.path / "lease", content, 0o600)
+
+    def detach(self) -> None:
+        write_as_user(self.path / "detached", "", 0o600)
+
+    def diagnostics(self) -> str:
+        parts = [f"job {self.job_id} state {job_state(self.job_id)!r}"]
+        parts += [json.dumps(e)[:600] for e in self.events()]
+        for path in sorted(self.path.glob("slurm-*")) + sorted(self.path.glob("logs/*")):
+            parts.append(f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-15:]))
+        return "\n".join(parts)
+
+    def markers(self) -> list[str]:
+        """Strings found in the command line of every process this cluster may have left."""
+        found = [str(self.path)]
+        found += [
+            str(e["temp_dir"])
+            for e in self.events()
+            if e.get("temp_dir") and isinstance(e["temp_dir"], str)
+        ]
+        found += [f"/tmp/jsr-{user_uid()}/{self.job_id}-"]
+        return found
+
+
+def user_uid(user: str = USER) -> int:
+    return pwd.getpwnam(user).pw_uid
+
+
+def job_state(job_id: str) -> str:
+    """squeue's state of a job, "" once it has left the queue."""
+    done = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip()
+
+
+def wait_until_gone(job_id: str, timeout: float) -> float:
+    """Seconds until the job left squeue (raises if it did not within timeout)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if job_state(job_id) in ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"):
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} still {job_state(job_id)!r} after {timeout} s")
+
+
+def scancel(*job_ids: str, options: tuple[str, ...] = ()) -> None:
+    ids = [j for j in job_ids if j]
+    if ids:
+        as_user("scancel", *options, *ids, check=False)
+
+
+def processes_matching(markers: list[str]) -> list[tuple[int, str]]:
+    """(pid, cmdline) of every live process on the machine whose command line has a marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and any(marker in text for marker in markers):
+            found.append((int(entry.name), text[:200]))
+    return found
+
+
+def wait_no_processes(markers: list[str], timeout: float) -> float:
+    started = time.monotonic()
+    while True:
+        left = processes_matching(markers)
+        if not left:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"processes left after {timeout} s: {left}")
+        time.sleep(0.2)
+
+
+CLIENT_PROGRAM = """
+import json, socket, sys, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+address = sys.argv[1]
+for attempt in range(3):  # ray#63202: a Ray Client connect fails now and then
+    try:
+        ray.init(address, logging_level="ERROR")
+        break
+    except Exception as exc:
+        print("connect failed:", exc, file=sys.stderr)
+        time.sleep(1)
+else:
+    sys.exit("could not connect")
+@ray.remote(num_cpus=0)
+def host():
+    return socket.gethostname()
+nodes = [n for n in ray.nodes() if n["Alive"]]
+pinned = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes]
+refs = [host.options(scheduling_strategy=strategy).remote() for strategy in pinned]
+print(json.dumps({"hosts": sorted(ray.get(refs)), "resources": ray.cluster_resources()}))
+ray.shutdown()
+"""
+
+
+def run_ray_client(job: JobDir, timeout: float = 150.0) -> dict[str, Any]:
+    """In a subprocess (no Ray Client state in pytest): one task pinned to every node."""
+    connection = job.connection()
+    env = dict(os.environ)
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(job.path / "ray_token"),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S="20",
+    )
+    address = f"ray://{connection['head_ip']}:{connection['client_port']}"
+    done = subprocess.run(
+        [str(VENV_PYTHON), "-c", CLIENT_PROGRAM, address],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+        cwd="/tmp",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def claims(lock_dir: str = "/tmp/jupyter-slurm-ray-ports") -> list[dict[str, Any]]:
+    found = []
+    for path in Path(lock_dir).glob("*.claim"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def in_node(node: int, *argv: str, user: str = USER) -> list[str]:
+    """argv to run a command as user inside compute node N's network namespace."""
+    return ["nsenter", f"--net={NODE_NETNS.format(node)}", "runuser", "-u", user, "--", *argv]
+
+
+def python_listener(port: int) -> list[str]:
+    code = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('', int(sys.argv[1]))); s.listen()\n"
+        "print('listening', flush=True); time.sleep(600)\n"
+    )
+    return ["/usr/bin/python3", "-c", code, str(port)]
+
+
+def log(message: str) -> None:
+    print(f"[bootstrap-test] {message}", file=sys.stderr, flush=True)
