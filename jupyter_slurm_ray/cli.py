@@ -1,0 +1,127 @@
+"""``jupyter slurm-ray list | down | logs | gc``: the terminal's view of the registry's clusters."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from .aio import run_sync
+from .config import SlurmRay, make_transport
+from .errors import SlurmRayError
+from .inventory import Orphan, find_orphans, format_table, reconcile
+from .reprs import status_line
+from .session import Session
+from .slurm import SlurmClient
+
+__all__ = ["main"]
+
+Ask = Callable[[str], str]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jupyter slurm-ray",
+        description="Ray clusters on Slurm started from Jupyter: list, stop, read logs, clean up. "
+        "Settings come from JUPYTER_SLURM_RAY_* variables (e.g. JUPYTER_SLURM_RAY_LOGIN_HOST).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("list", help="every cluster in the registry, with Slurm's view of its job")
+    down = sub.add_parser("down", help="stop a cluster (or --all active ones)")
+    down.add_argument("name", nargs="?", help="a cluster name, id or Slurm job id")
+    down.add_argument("--all", action="store_true", help="every active cluster of the registry")
+    logs = sub.add_parser("logs", help="a cluster's job output, or one node's Ray log")
+    logs.add_argument("name", help="a cluster name, id or Slurm job id")
+    logs.add_argument("--node", metavar="HOST", help="this node's Ray log instead")
+    logs.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines (100)")
+    gc = sub.add_parser(
+        "gc",
+        help="cancel our jobs (by their comment tag) that no live record owns",
+        description="Find Slurm jobs tagged jupyter-slurm-ray:<id> whose record is missing, or "
+        "whose owning kernel is gone without detaching, and offer to cancel each.",
+    )
+    gc.add_argument("--yes", action="store_true", help="cancel without asking")
+    gc.add_argument("jobs", nargs="*", metavar="JOB", help="only these job ids or cluster ids")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, ask: Ask = input) -> int:
+    """Run one command; the exit status is 0 on success, 1 on an error, 2 on bad usage."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    session = Session(SlurmRay())
+    try:
+        return int(_COMMANDS[args.command](session, args, ask) or 0)
+    except SlurmRayError as exc:
+        print(f"jupyter slurm-ray: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _list(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    print(format_table(run_sync(reconcile(session.registry().all(), session.transport))))
+    return 0
+
+
+def _down(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    if bool(args.all) == bool(args.name):
+        raise SlurmRayError("give a cluster NAME or --all")
+    if args.all:
+        entries = run_sync(reconcile(session.registry().all(), session.transport))
+        clusters = [session.find(e.record.id) for e in entries if e.active]
+    else:
+        clusters = [session.find(args.name)]
+    if not clusters:
+        print("no active clusters")
+    for cluster in clusters:
+        cluster.down()
+        print(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
+    return 0
+
+
+def _logs(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    cluster = session.find(args.name)
+    print(cluster.logs(node=args.node, tail=args.tail) or "no output yet")
+    return 0
+
+
+def _gc(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    transport = make_transport(session.config)
+    orphans = run_sync(find_orphans(transport, session.registry()))
+    if args.jobs:
+        wanted = set(args.jobs)
+        orphans = [o for o in orphans if {o.job_id, o.cluster_id} & wanted]
+    if not orphans:
+        print("no orphaned jobs")
+        return 0
+    chosen = [o for o in orphans if args.yes or _confirm(o, ask)]
+    for orphan in orphans:
+        print(f"job {orphan.job_id} (cluster {orphan.cluster_id}): {orphan.why}")
+    slurm = SlurmClient(transport)
+    for orphan in chosen:
+        run_sync(slurm.cancel(orphan.job_id))
+        print(f"cancelled job {orphan.job_id}")
+    if len(chosen) < len(orphans):
+        print(f"kept {len(orphans) - len(chosen)} job(s); --yes cancels without asking")
+    return 0
+
+
+def _confirm(orphan: Orphan, ask: Ask) -> bool:
+    question = f"cancel job {orphan.job_id} (cluster {orphan.cluster_id}: {orphan.why})? [y/N] "
+    try:
+        return ask(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+_COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
+    "list": _list,
+    "down": _down,
+    "logs": _logs,
+    "gc": _gc,
+}
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

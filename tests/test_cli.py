@@ -1,0 +1,179 @@
+"""``jupyter slurm-ray list | down | logs | gc`` against the testbed's real Slurm.
+
+Jobs here are tagged like the package's own (the real job script with ``sleep`` as its command)
+and held in the queue with ``--begin`` so they use no CPUs; records are written directly, so
+each test sets up exactly the ownership it is about.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_slurm_ray.aio import run_sync
+from jupyter_slurm_ray.cli import main
+from jupyter_slurm_ray.jobscript import render_job_script
+from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.transport import LocalTransport
+
+from .conftest import as_user
+from .site_helpers import USER, configured_site, job_fields, wait_for
+
+pytestmark = pytest.mark.testbed
+
+HELD = ["--begin=now+600"]  # queued, never running during the test
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, testbed) -> Iterator[dict[str, str]]:
+    with configured_site(tmp_path_factory.mktemp("site")) as environment:
+        yield environment
+
+
+@pytest.fixture(scope="module")
+def transport(site) -> LocalTransport:
+    return LocalTransport(as_user(USER))
+
+
+def submit(transport: LocalTransport, *, held: bool = True, setup: tuple[str, ...] = ()):
+    """A job tagged ``jupyter-slurm-ray:<id>`` as the package's job script tags it."""
+    cluster_id = "c" + uuid.uuid4().hex[:10]
+    spec = ClusterSpec(
+        name=cluster_id, time="5", cpus_per_node=1, setup=setup, extra_sbatch=HELD if held else ()
+    )
+    job_dir = f"{run_sync(transport.home())}/.jsr-test-jobs/{cluster_id}"
+    command = ["sleep", "300"] if held else ["true"]
+    script = render_job_script(spec, cluster_id=cluster_id, job_dir=job_dir, command=command)
+    job_id = run_sync(SlurmClient(transport).submit(script, job_dir))
+    return cluster_id, job_id, job_dir
+
+
+def record(transport, cluster_id, job_id, job_dir, **fields) -> ClusterRecord:
+    rec = ClusterRecord(
+        id=cluster_id,
+        name=cluster_id,
+        target=transport.describe(),
+        job_dir=job_dir,
+        job_id=job_id,
+        state=fields.pop("state", "PENDING"),
+        spec={"name": cluster_id, "time": "5"},
+        **fields,
+    )
+    Registry().save(rec)
+    return rec
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def state_of(job_id: str) -> str:
+    return job_fields(job_id)["JobState"]
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[str]]:
+    submitted: list[str] = []
+    yield submitted
+    subprocess.run(["scancel", *submitted], check=False, capture_output=True)
+
+
+def test_the_command_is_reachable_as_jupyter_subcommand():
+    jupyter = Path(sys.executable).with_name("jupyter")
+    result = subprocess.run([jupyter, "slurm-ray", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for command in ("list", "down", "logs", "gc"):
+        assert command in result.stdout
+
+
+def test_gc_cancels_orphans_whose_record_was_deleted_or_owner_is_gone(transport, jobs, capsys):
+    no_record = submit(transport)
+    owner_gone = submit(transport)
+    owned = submit(transport)
+    detached = submit(transport)
+    jobs.extend(job for _, job, _ in (no_record, owner_gone, owned, detached))
+    Registry().delete(record(transport, *no_record).id)  # its record was deleted
+    record(transport, *owner_gone, owner_pid=dead_pid(), owner_host=socket.gethostname())
+    record(transport, *owned, owner_pid=os.getpid())
+    record(transport, *detached, owner_pid=dead_pid(), detached=True)
+
+    assert main(["gc", "--yes", *jobs]) == 0
+    out = capsys.readouterr().out
+    assert f"job {no_record[1]} (cluster {no_record[0]}): no record of it" in out
+    assert f"job {owner_gone[1]} (cluster {owner_gone[0]}): its owner (pid" in out
+    assert f"cancelled job {no_record[1]}" in out and f"cancelled job {owner_gone[1]}" in out
+    assert owned[1] not in out and detached[1] not in out
+    assert state_of(no_record[1]) == "CANCELLED" and state_of(owner_gone[1]) == "CANCELLED"
+    assert state_of(owned[1]) == "PENDING" and state_of(detached[1]) == "PENDING"
+
+
+def test_gc_asks_before_cancelling_each_job(transport, jobs, capsys):
+    orphan = submit(transport)
+    jobs.append(orphan[1])
+    questions: list[str] = []
+
+    def answer(question: str) -> str:  # yes for our orphan only: other tests' jobs stay
+        questions.append(question)
+        return "y" if f"job {orphan[1]} " in question else "n"
+
+    assert main(["gc"], ask=answer) == 0
+    assert any(f"cancel job {orphan[1]} (cluster {orphan[0]}: no record" in q for q in questions)
+    assert f"cancelled job {orphan[1]}" in capsys.readouterr().out
+    assert state_of(orphan[1]) == "CANCELLED"
+
+
+def test_list_reconciles_the_records_with_slurm(transport, jobs, capsys):
+    queued = submit(transport)
+    gone = submit(transport)
+    jobs.extend([queued[1], gone[1]])
+    record(transport, *queued)
+    record(transport, *gone, state="READY")
+    subprocess.run(["scancel", gone[1]], check=True)
+    wait_for(lambda: state_of(gone[1]) == "CANCELLED", 15, "the cancel")
+
+    assert main(["list"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[queued[0]][2:4] == [queued[1], "PENDING"]
+    assert rows[gone[0]][2:4] == [gone[1], "CANCELLED"]  # the record said READY
+
+
+def test_logs_print_the_jobs_output(transport, capsys):
+    finished = submit(transport, held=False, setup=("echo hello from the job",))
+    record(transport, *finished)
+    wait_for(lambda: state_of(finished[1]) == "COMPLETED", 60, "the job to finish")
+    assert main(["logs", finished[0]]) == 0
+    out = capsys.readouterr().out
+    assert f"==> slurm-{finished[1]}.out <==" in out and "hello from the job" in out
+
+
+def test_down_by_name_and_all(transport, jobs, capsys):
+    first, second = submit(transport), submit(transport)
+    jobs.extend([first[1], second[1]])
+    record(transport, *first)
+    record(transport, *second)
+    assert main(["down", first[0]]) == 0
+    assert state_of(first[1]) == "CANCELLED"
+    assert main(["down", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert state_of(second[1]) == "CANCELLED"
+    assert f"{second[0]} ({second[0]}): STOPPED" in out
+
+
+def test_errors_are_one_line_with_status_1(capsys):
+    assert main(["logs", "no-such-cluster"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("jupyter slurm-ray: error: no cluster 'no-such-cluster'")
+    assert err.count("\n") == 1
+    assert main(["down"]) == 1
+    assert "give a cluster NAME or --all" in capsys.readouterr().err
