@@ -92,6 +92,7 @@ class SlurmRayCluster:
     # -- what the user sees ---------------------------------------------------------------
     @property
     def status(self) -> Status:
+        """The current status, pushed by the job watcher every poll; ``refresh()`` asks now."""
         return self._status
 
     @property
@@ -156,7 +157,7 @@ class SlurmRayCluster:
         if self._status.job_id is None:
             raise SlurmRayError(f"cluster {self.id} has no Slurm job to attach to")
         self._changed = asyncio.Event()
-        await self.status_async()
+        await self.refresh_async()
         if not self._status.state.is_final:
             _owned.add(self)
             watcher_for(self.transport, self.poll_interval).watch(
@@ -277,7 +278,7 @@ class SlurmRayCluster:
         while not self._status.state.is_final and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
             if self._changed is None:  # attached without a watcher loop
-                await self.status_async()
+                await self.refresh_async()
         self._close_forwards()
         return self._status
 
@@ -288,8 +289,8 @@ class SlurmRayCluster:
         self._detached = True
         self._save_record()
 
-    async def status_async(self) -> Status:
-        """Ask Slurm and the job dir right now."""
+    async def refresh_async(self) -> Status:
+        """Ask Slurm and the job dir now (``status`` is kept current by the watcher anyway)."""
         if self._status.job_id is not None and not self._status.state.is_final:
             infos = await self.slurm.query([self._status.job_id])
             await self._on_job_info(infos.get(self._status.job_id))
@@ -405,7 +406,14 @@ class SlurmRayCluster:
             log_tail=log_tail,
         )
         if status.state.is_final and self._connected:
-            self._connected = False  # the Ray calls would fail now; say so, not hang
+            self._connected = False
+            log.warning(
+                "cluster %s ended while connected (%s); Ray calls will fail until you connect "
+                "to a running cluster",
+                self.spec.name,
+                status.describe(),
+            )
+            asyncio.get_running_loop().run_in_executor(None, ray_client.disconnect_ray_client)
         self._set_status(status)
 
     def _set_status(self, status: Status) -> None:
@@ -450,6 +458,10 @@ class SlurmRayCluster:
             self.registry.save(record)
         except OSError as exc:
             log.warning("could not save the record of %s: %s", self.id, exc)
+
+    async def connection_info_async(self) -> ray_client.ConnectionInfo:
+        """The head's address, ports and versions (``connection.json``), once READY."""
+        return await self._load_connection()
 
     async def _load_connection(self) -> ray_client.ConnectionInfo:
         if self.connection is None:

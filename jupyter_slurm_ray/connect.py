@@ -94,12 +94,22 @@ def set_client_environment(token_path: str, timeout: float) -> None:
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     seconds = str(max(1, int(timeout)))
-    os.environ["RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S"] = "2"
+    # Ray Client tries 3 times with a backoff (5 s, 10 s, …) capped at this maximum.
     os.environ["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = seconds
+    # A cluster that is gone should fail Ray calls soon, not after Ray's default 30 s.
+    os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "15")
     worker = sys.modules.get("ray.util.client.worker")
     if worker is not None:  # already imported: its constants were read at import time
-        worker.INITIAL_TIMEOUT_SEC = 2
         worker.MAX_TIMEOUT_SEC = int(seconds)
+    _reload_ray_auth_settings()
+
+
+def _reload_ray_auth_settings() -> None:
+    """Ray caches the auth mode and the token once read: make it see this cluster's."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def connect_ray_client(
@@ -111,6 +121,8 @@ def connect_ray_client(
     """
     set_client_environment(token_path, timeout)
     import ray
+
+    _forbid_auto_init()
 
     last: Exception | None = None
     for attempt in range(1, attempts + 1):
@@ -133,6 +145,18 @@ def connect_ray_client(
 
 def disconnect_ray_client() -> None:
     _shutdown_quietly()
+
+
+def _forbid_auto_init() -> None:
+    """No automatic ``ray.init()`` in this process from now on.
+
+    Otherwise, once the Slurm cluster is gone (cancelled, walltime) the next Ray call would
+    quietly start a local Ray on the login node instead of failing. ``ray.init()`` called
+    explicitly still works.
+    """
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def _shutdown_quietly() -> None:

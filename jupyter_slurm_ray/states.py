@@ -138,7 +138,7 @@ class EventSummary:
                 self.joined = int(ev.get("joined", ev.get("node_count", self.joined)) or 0)
             elif kind == "error" and self.error is None:
                 self.error = str(ev.get("reason") or "the Ray bootstrap failed")
-                self.error_log = str(ev.get("log") or "")
+                self.error_log = _log_text(ev.get("log"))
             elif kind == "walltime_warning":
                 self.walltime_warning = True
             elif kind == "lease_stale":
@@ -147,6 +147,13 @@ class EventSummary:
                 self.node_lost = str(ev.get("reason") or ev.get("host") or "a node")
             elif kind == "stopped":
                 self.stopped = True
+
+
+def _log_text(log: Any) -> str:
+    """An event's ``log`` as text: the bootstrap writes a list of lines."""
+    if isinstance(log, (list, tuple)):
+        return "\n".join(str(line) for line in log)
+    return str(log or "")
 
 
 def derive_status(

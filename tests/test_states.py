@@ -49,7 +49,7 @@ def test_ready_then_connected():
 
 
 def test_bootstrap_error_is_failed_with_its_log_even_while_the_job_runs():
-    evs = events({"event": "error", "reason": "ray not found on PATH", "log": "line1\nline2"})
+    evs = events({"event": "error", "reason": "ray not found on PATH", "log": ["line1", "line2"]})
     status = derive_status(START, job("RUNNING"), evs)
     assert (status.state, status.reason, status.log_tail) == (
         State.FAILED,

@@ -1,0 +1,106 @@
+"""Helpers for tests that start real Ray clusters on the testbed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from jupyter_slurm_ray.spec import ClusterSpec
+
+VENV_PYTHON = "/opt/jupyter-slurm-ray/venv/bin/python"
+
+#: What a test cluster needs on this testbed: the venv's Ray, small footprint.
+TEST_SPEC = dict(
+    time="10",
+    cpus_per_node=1,
+    python=VENV_PYTHON,
+    setup=["source /opt/jupyter-slurm-ray/venv/bin/activate"],
+    object_store_memory="200M",
+    start_timeout=180,
+)
+
+
+def cluster_spec(**overrides) -> ClusterSpec:
+    return ClusterSpec(**{**TEST_SPEC, **overrides})
+
+
+def processes_of(job_dir: str) -> list[int]:
+    """PIDs of processes (any node: it is one machine) started for the cluster in ``job_dir``.
+
+    Every Ray process of a cluster inherits ``RAY_AUTH_TOKEN_PATH=<job_dir>/ray_token``.
+    """
+    marker = f"RAY_AUTH_TOKEN_PATH={job_dir}/ray_token".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def squeue_has(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True)
+    return job_id in out.stdout.split()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def ray_in_subprocess(
+    address: str, token_path: str | None, code: str, timeout: float = 90, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh Python connected with Ray Client (so this process stays clean).
+
+    The code sees ``ray`` and must print one JSON line as its result.
+    """
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    environment.update(RAY_USAGE_STATS_ENABLED="0", **(env or {}))
+    if token_path is not None:
+        environment.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+    program = "import json, ray, socket\n" + f"ray.init({address!r})\n" + textwrap.dedent(code)
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+    )
+
+
+def last_json_line(out: str):
+    for line in reversed(out.splitlines()):
+        if line.startswith(("{", "[")):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in output:\n{out}")
+
+
+ONE_TASK_PER_NODE = """
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
+
+@ray.remote(num_cpus=0)
+def where():
+    return socket.gethostname()
+
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+refs = [where.options(scheduling_strategy=Affinity(n, soft=False)).remote() for n in nodes]
+print(json.dumps(sorted(ray.get(refs))))
+"""
