@@ -282,6 +282,14 @@ class SlurmRayCluster:
         self._close_forwards()
         return self._status
 
+    async def close_async(self) -> None:
+        """Release this object's connections (the cluster itself is left as it is)."""
+        await self.disconnect_async()
+        self._close_forwards()
+        if self._status.job_id:
+            watcher_for(self.transport).unwatch(self._status.job_id, self._on_job_info)
+        await self.transport.close()
+
     async def detach_async(self) -> None:
         """Keep the cluster running after this kernel exits (until its walltime)."""
         job_dir = await self._job_dir()

@@ -1,0 +1,89 @@
+"""A notebook session on the laptop side: SSH to the login node, up, tasks, dashboard, down.
+
+Run by tests/test_cluster_ssh.py inside the host ("laptop") network namespace, which reaches
+only the login node's sshd. Prints one JSON object with what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import ray
+from clusters import ONE_TASK_PER_NODE, cluster_spec
+
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.transport import SSHTransport
+
+
+def can_reach_directly(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError:
+        return False
+    return True
+
+
+def dashboard_status(url: str, token: str | None) -> int:
+    headers = {"X-Ray-Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url + "api/cluster_status", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def main() -> None:
+    env = os.environ
+    user = env["JSR_USER"]
+    transport = SSHTransport(
+        env["JSR_SSH_HOST"],
+        username=user,
+        client_keys=[env[f"JSR_KEY_{user}"]],
+        known_hosts=env["JSR_KNOWN_HOSTS"],
+        agent_path=None,
+    )
+    cluster = SlurmRayCluster(
+        cluster_spec(nodes=2), transport, registry=Registry(sys.argv[1]), poll_interval=1
+    )
+    result: dict = {}
+    started = time.monotonic()
+    try:
+        cluster.up()
+        result["up_seconds"] = round(time.monotonic() - started, 1)
+        result["state"] = cluster.state.value
+        info = cluster.connection
+        result["head_reachable_directly"] = can_reach_directly(info.head_ip, info.client_port)
+        namespace: dict = {"ray": ray, "json": json, "socket": socket}
+        captured: list[str] = []
+        namespace["print"] = captured.append
+        exec(ONE_TASK_PER_NODE, namespace)
+        result["hosts"] = json.loads(captured[-1])
+        url = cluster.dashboard_url
+        result["dashboard_url"] = url
+        with open(cluster._token_path) as f:
+            token = f.read().strip()
+        result["dashboard_with_token"] = dashboard_status(url, token)
+        result["dashboard_without_token"] = dashboard_status(url, None)
+        result["forwards_while_up"] = len(transport.open_forwards)
+    finally:
+        status = cluster.down()
+        result["final_state"] = status.state.value
+        result["forwards_after_down"] = len(transport.open_forwards)
+        result["job_id"] = cluster.job_id
+        result["job_dir"] = cluster.job_dir
+        cluster.close()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

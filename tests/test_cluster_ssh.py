@@ -1,0 +1,39 @@
+"""SSH mode from the laptop side: the laptop reaches only the login node's sshd, so Ray Client
+and the dashboard must go through tunnels. The session runs in the host ("laptop") network
+namespace as a separate process; this test checks what it saw and what it left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .clusters import processes_of, squeue_has, wait_for
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+
+def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_path, testbed):
+    laptop = os.environ["JSR_LAPTOP_NETNS"]
+    script = os.path.join(os.path.dirname(__file__), "laptop_session.py")
+    result = subprocess.run(
+        ["nsenter", f"--net={laptop}", sys.executable, script, str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["state"] == "CONNECTED"
+    assert seen["head_reachable_directly"] is False  # only the tunnel gets there
+    assert seen["hosts"] == ["node1", "node2"]
+    assert seen["dashboard_url"].startswith("http://127.0.0.1:")
+    assert seen["dashboard_with_token"] == 200
+    assert seen["dashboard_without_token"] in (401, 403)
+    assert seen["forwards_while_up"] == 2 and seen["forwards_after_down"] == 0
+    assert seen["final_state"] == "STOPPED"
+    assert not squeue_has(seen["job_id"])
+    wait_for(lambda: not processes_of(seen["job_dir"]), 20, "the cluster's processes to end")
