@@ -19,6 +19,9 @@ import pytest
 import requests
 import websocket
 
+from jupyter_slurm_ray.registry import Registry
+
+from .conftest import ssh_transport
 from .server_helpers import (
     Head,
     JupyterServer,
@@ -262,3 +265,24 @@ def test_a_compressing_browser_websocket_still_works(server, cluster):
     finally:
         ws.close()
     assert "compressed-ok" in text
+
+
+# -- SSH mode ---------------------------------------------------------------------------------
+def test_an_ssh_target_is_proxied_through_an_ssh_forward(server, cluster, testbed):
+    """A record made by a kernel on a laptop: the server reaches the head via the login node."""
+    registry = Registry(server.state_dir)
+    record = registry.load(cluster.id)
+    record.id = f"viassh-{cluster.id.rsplit('-', 1)[1]}"
+    record.target = ssh_transport(testbed).describe()
+    registry.save(record)
+    try:
+        response = server.get(f"slurm-ray/dashboard/{record.id}/api/cluster_status")
+        assert response.status_code == 200, response.text[:500]
+        assert response.json()["result"] is True
+        assert server.get(f"slurm-ray/dashboard/{record.id}/").status_code == 200
+        forwarded = [
+            line for line in server.log().splitlines() if f"dashboard of {record.id}" in line
+        ]
+        assert forwarded and "via 127.0.0.1:" in forwarded[-1], server.log()[-2000:]
+    finally:
+        registry.delete(record.id)

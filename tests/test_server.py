@@ -178,6 +178,8 @@ def test_delete_stops_the_cluster(server, cluster):
     assert response.json()["state"] in ("STOPPED", "CANCELLED")
     assert not squeue_has(cluster.job_id)
     assert cluster_view(server, cluster.id)["state"] in ("STOPPED", "CANCELLED")
+    gone = server.get(f"slurm-ray/dashboard/{cluster.id}/")
+    assert gone.status_code == 503 and "STOPPED" in gone.text
 
 
 @pytest.mark.parametrize(

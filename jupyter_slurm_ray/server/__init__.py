@@ -35,6 +35,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from ..config import SlurmRay, make_transport, resolve_spec
 
+    _log_to_server(serverapp)
     web_app = serverapp.web_app
     base_url = web_app.settings["base_url"]
     config = SlurmRay(parent=serverapp)
@@ -54,3 +55,13 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     )
     os.environ[DASHBOARD_BASE_ENV] = url_path_join(base_url, proxy.PREFIX) + "/"
     serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)
+
+
+def _log_to_server(serverapp: Any) -> None:
+    """The package's log records (proxy targets, stops, creates) go to the server's log."""
+    package_log = logging.getLogger("jupyter_slurm_ray")
+    if not package_log.handlers:
+        for handler in serverapp.log.handlers:
+            package_log.addHandler(handler)
+        package_log.setLevel(serverapp.log.getEffectiveLevel())
+        package_log.propagate = False
