@@ -69,6 +69,7 @@ LEASE_PERIOD = 1.0
 HTTP_TIMEOUT = 1.0  # short: a stop signal must be handled well within Slurm's KillWait
 KILL_GRACE = 2.0  # SIGTERM -> SIGKILL
 LOG_LINES = 40
+RETRY_MIN_TIME = 20.0  # a worker retries `ray start` once if this much start time is left
 MAX_TEMP_DIR = 43  # Ray's unix socket paths below it must stay within 107 bytes
 MIB = 1024 * 1024
 
@@ -80,6 +81,10 @@ class BootstrapError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.log = (log or [])[-LOG_LINES:]
+
+
+class RayExitedEarly(BootstrapError):
+    """A worker's `ray start` gave up before joining (e.g. Ray's own 30 s raylet wait)."""
 
 
 # ---------------------------------------------------------------- settings and small helpers
@@ -215,7 +220,9 @@ class SignalFlags:
         self.walltime_warnings = 0
 
     def install(self) -> SignalFlags:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # SIGUSR2 too: the head stops the worker step with it, since srun forwards SIGUSR2
+        # as it is but turns a SIGTERM into a SIGKILL of its tasks.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             signal.signal(signum, self._on_stop)
         signal.signal(signal.SIGUSR1, self._on_usr1)
         return self
@@ -1159,7 +1166,7 @@ class HeadRun(NodeRun):
         self.events.phase("stopping", reason=reason)
         step_deadline = time.monotonic() + KILL_GRACE + 1.0
         if self.worker_step and self.worker_step.poll() is None:
-            self.worker_step.send_signal(signal.SIGTERM)  # srun forwards it to the workers
+            self.worker_step.send_signal(signal.SIGUSR2)  # srun forwards it to the workers
         self.stop()
         self.stop_worker_step(step_deadline)
         with contextlib.suppress(OSError):
@@ -1263,9 +1270,18 @@ class WorkerRun(NodeRun):
         if not self.wait_for_gcs(head["head_ip"], int(head["gcs_port"])):
             return f"signal {self.flags.stop}"
         argv = self.plan.worker_argv(ray, self.config, head_address)
-        process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
         dashboard = Dashboard(head["head_ip"], int(head["dashboard_port"]), self.token())
-        stop = self.wait_until_joined(process, dashboard, head_address)
+        stop: str | None = None
+        for attempt in (1, 2):
+            process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
+            try:
+                stop = self.wait_until_joined(process, dashboard, head_address)
+                break
+            except RayExitedEarly as exc:
+                if attempt == 2 or self.deadline - time.monotonic() < RETRY_MIN_TIME:
+                    raise
+                self.events.emit("worker_retry", reason=exc.reason, log=exc.log)
+                stop_processes([process.pid], [], time.monotonic() + KILL_GRACE)
         if stop:
             return stop
         self.events.emit("worker_joined", ip=self.plan.ip)
@@ -1303,7 +1319,7 @@ class WorkerRun(NodeRun):
             code = process.exit_code()
             if code is not None:
                 reason = f"`ray start` exited with status {code} before joining {head_address}"
-                raise BootstrapError(f"{reason} from {self.plan.host}", process.tail())
+                raise RayExitedEarly(f"{reason} from {self.plan.host}", process.tail())
             if time.monotonic() > self.deadline:
                 reason = (
                     f"{self.plan.host} did not join the head at {head_address} within start_timeout"

@@ -269,9 +269,19 @@ def cancel_and_check_cleanup(job: JobDir) -> float:
     scancel(job.job_id)
     wait_until_gone(job.job_id, 15)
     job.wait_for_event(lambda e: e["event"] == "stopped", 5, fail_on_error=False)
+    assert_cleaned_up(job)
+    return time.monotonic() - started
+
+
+def assert_cleaned_up(job: JobDir) -> None:
+    """No process, port claim or temp dir of the cluster left, every worker stopped itself."""
     wait_no_processes(job.markers(), 10)
     assert not [c for c in claims() if c["job_id"] == job.job_id]
-    return time.monotonic() - started
+    events = job.events()
+    workers = {e["host"] for e in events if e["event"] == "worker_starting"}
+    assert workers <= {e["host"] for e in events if e["event"] == "worker_stopped"}
+    temp_dirs = [e["temp_dir"] for e in events if e.get("temp_dir")]
+    assert temp_dirs and not [t for t in temp_dirs if Path(t).exists()]
 
 
 def log_ready_time(what: str, job: JobDir) -> None:
@@ -372,7 +382,7 @@ def test_two_clusters_share_a_node(jobs: list[JobDir]) -> None:
 @pytest.mark.testbed
 @pytest.mark.ray
 def test_stale_lease_stops_the_cluster_unless_detached(jobs: list[JobDir]) -> None:
-    owned = JobDir.create(nodes=1, idle_timeout=8.0)
+    owned = JobDir.create(nodes=2, idle_timeout=8.0)
     detached = JobDir.create(nodes=1, idle_timeout=8.0)
     detached.detach()
     jobs.extend([owned, detached])
@@ -394,7 +404,7 @@ def test_stale_lease_stops_the_cluster_unless_detached(jobs: list[JobDir]) -> No
     assert time.monotonic() - last_beat >= 8
     wait_until_gone(owned.job_id, 10)
     assert [e for e in owned.events() if e["event"] == "stopped"][-1]["reason"] == "lease_stale"
-    wait_no_processes(owned.markers(), 10)
+    assert_cleaned_up(owned)
 
     time.sleep(max(0.0, detached_ready + 12 - time.monotonic()))
     assert job_state(detached.job_id) == "RUNNING"
@@ -454,7 +464,7 @@ def test_a_worker_that_cannot_start_fails_the_cluster_fast(jobs: list[JobDir]) -
     began = next(e for e in job.events() if e.get("phase") == "bootstrap")
     assert error["t"] - began["t"] < 10
     wait_until_gone(job.job_id, 15)
-    wait_no_processes(job.markers(), 10)
+    assert_cleaned_up(job)
 
 
 def pids_of(marker: str, program: str) -> list[int]:
@@ -488,4 +498,4 @@ def test_lost_worker_and_dead_head_are_reported(jobs: list[JobDir]) -> None:
     assert error["reason"].startswith("`ray start --head` exited with status")
     assert any("ray-head-" in line for line in error["log"])
     wait_until_gone(job.job_id, 15)
-    wait_no_processes(job.markers(), 10)
+    assert_cleaned_up(job)
