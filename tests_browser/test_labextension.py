@@ -123,6 +123,53 @@ def test_open_dashboard_shows_every_node_alive_in_a_lab_tab(page, cluster, artif
     page.screenshot(path=str(artifacts / "labextension-dashboard.png"))
 
 
+def test_a_dashboard_link_in_the_page_opens_the_lab_tab(page, cluster):
+    """What the kernel-side "Open dashboard" link does inside JupyterLab."""
+    tab = page.locator(f'.lm-TabBar-tab[data-id="slurm-ray-dashboard-{cluster.id}"]')
+    tab.locator(".lm-TabBar-tabCloseIcon").click()  # close the tab the sidebar opened
+    expect(page.locator(f"#slurm-ray-dashboard-{cluster.id}")).to_have_count(0)
+    page.evaluate(
+        """id => {
+          const a = document.createElement('a');
+          a.id = 'jsr-test-link';
+          a.href = `/slurm-ray/dashboard/${id}/`;
+          a.target = '_blank';
+          a.textContent = 'Open dashboard';
+          document.querySelector('#jp-SlurmRay-sidebar').appendChild(a);
+        }""",
+        cluster.id,
+    )
+    pages_before = len(page.context.pages)
+    page.click("#jsr-test-link")
+    expect(page.locator(f"#slurm-ray-dashboard-{cluster.id}")).to_be_visible()
+    assert len(page.context.pages) == pages_before  # no browser tab opened
+    page.locator("#jsr-test-link").evaluate("n => n.remove()")
+
+
+def test_copy_attach_and_show_logs(page, cluster):
+    open_sidebar(page)
+    item = card(page, cluster.id)
+    item.get_by_role("button", name="Copy attach").click()
+    expect(page.get_by_text("Copied: %slurm_ray attach labtest")).to_be_visible()
+    item.get_by_role("button", name="Logs").click()
+    logs = page.locator(".jp-SlurmRay-logs").last
+    expect(logs).to_contain_text("--- bootstrap events ---")
+    expect(logs).to_contain_text('"event":"ready"')
+    expect(logs).to_contain_text("==> slurm-")
+
+
+def test_the_palette_has_the_commands(page):
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator("#command-palette")
+    palette.locator("input").fill("Slurm Ray")
+    items = palette.locator(".lm-CommandPalette-item")
+    expect(items.first).to_be_visible()
+    labels = items.all_inner_texts()
+    for label in ("Open Dashboard", "Stop Cluster", "Copy %slurm_ray attach", "Show Logs"):
+        assert any(label in text for text in labels), labels
+    page.keyboard.press("Escape")
+
+
 def test_stop_ends_the_slurm_job(page, cluster, artifacts):
     open_sidebar(page)
     item = card(page, cluster.id)

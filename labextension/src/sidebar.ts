@@ -123,8 +123,8 @@ export class ClusterSidebar extends Widget {
     const actions = el('div', 'jp-SlurmRay-actions');
     const args = { id: cluster.id, name: cluster.name };
     actions.append(
-      this._button('Dashboard', CommandIDs.openDashboard, args, !isUp(cluster.state)),
-      this._button('Stop', CommandIDs.stop, args, isFinal(cluster.state)),
+      this._button('Dashboard', CommandIDs.openDashboard, args, !isUp(cluster.state), 'accept'),
+      this._button('Stop', CommandIDs.stop, args, isFinal(cluster.state), 'warn'),
       this._button('Copy attach', CommandIDs.copyAttach, args, false),
       this._button('Logs', CommandIDs.showLogs, args, !cluster.job_id)
     );
@@ -132,9 +132,15 @@ export class ClusterSidebar extends Widget {
     return item;
   }
 
-  private _button(label: string, command: string, args: any, disabled: boolean): HTMLButtonElement {
+  private _button(
+    label: string,
+    command: string,
+    args: any,
+    disabled: boolean,
+    kind: 'accept' | 'warn' | 'reject' = 'reject'
+  ): HTMLButtonElement {
     const button = document.createElement('button');
-    button.className = 'jp-Button jp-mod-styled jp-mod-reject jp-SlurmRay-action';
+    button.className = `jp-Button jp-mod-styled jp-mod-${kind} jp-SlurmRay-action`;
     button.textContent = label;
     button.dataset.command = command;
     button.disabled = disabled;
