@@ -21,7 +21,9 @@ from .errors import ConnectError
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = ("Starting Ray client server failed", "ray client connection timeout")
+# The proxier's per-client server can also die at start-up, seen as psutil's ZombieProcess in
+# "Initialization failure from server": the same race, retried alike.
+_TRANSIENT = ("Starting Ray client server failed", "ray client connection timeout", "ZombieProcess")
 
 
 @dataclass(frozen=True)
