@@ -286,3 +286,17 @@ def test_an_ssh_target_is_proxied_through_an_ssh_forward(server, cluster, testbe
         assert forwarded and "via 127.0.0.1:" in forwarded[-1], server.log()[-2000:]
     finally:
         registry.delete(record.id)
+
+
+def test_cookie_authenticated_writes_must_come_from_jupyters_origin(server, cluster):
+    """The proxy adds the Ray token: another site must not act with the user's Jupyter cookie."""
+    browser = requests.Session()
+    assert browser.get(f"{server.url}lab?token={server.token}", timeout=30).ok  # login cookie
+    base = server.url + dashboard(cluster)
+    assert browser.get(base + "api/cluster_status").status_code == 200
+    for method, path in (("POST", "api/jobs/"), ("DELETE", "api/jobs/raysubmit_nosuch")):
+        for origin in ({"Origin": "http://evil.example"}, {}):
+            refused = browser.request(method, base + path, json={}, headers=origin)
+            assert refused.status_code == 403 and "cross-site" in refused.text, (method, origin)
+        own = browser.request(method, base + path, json={}, headers={"Origin": server.url[:-1]})
+        assert "cross-site" not in own.text  # reached Ray (which has its own browser rules)

@@ -6,6 +6,8 @@ host or a port. Jupyter's credentials (``Authorization``, cookies, ``?token=``, 
 are stripped before forwarding, and the cluster's Ray token is added server-side as
 ``X-Ray-Authorization``, so the browser never sees it. Websockets are proxied with the backend
 side opened without permessage-deflate: Ray's job-log tail drops compressed connections.
+Since the proxy authenticates to Ray on the user's behalf, writes (POST, PUT, …) authenticated
+by Jupyter's cookie must come from Jupyter's own origin.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 import posixpath
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import ProxyHandler, RewritableResponse
@@ -79,6 +81,7 @@ class DashboardProxyHandler(ProxyHandler):
         await super().prepare(*args, **kwargs)  # Jupyter auth: 302 / 403 without it
         if self._finished:  # redirected to the login page
             return
+        self._refuse_cross_site_writes()
         cluster_id = self.path_args[0]
         try:
             self.target = await self.targets.resolve(cluster_id)
@@ -86,6 +89,22 @@ class DashboardProxyHandler(ProxyHandler):
             raise web.HTTPError(404, f"no Ray cluster {cluster_id!r}") from None
         except DashboardUnavailable as exc:
             raise web.HTTPError(503, str(exc)) from None
+
+    def _refuse_cross_site_writes(self) -> None:
+        """CSRF: the proxy adds the Ray token, so a write must come from Jupyter's own origin.
+
+        Jupyter's XSRF token is not required (the dashboard's own page does not send it); a
+        browser's write carries ``Origin`` (or at least ``Referer``), which must be this server.
+        Requests with an ``Authorization`` header are scripts, not a browser's ambient cookie.
+        """
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            return
+        if self.request.headers.get("Authorization"):
+            return
+        headers = self.request.headers
+        source = headers.get("Origin") or headers.get("Referer")
+        if source is None or urlsplit(source).netloc != headers.get("Host"):
+            raise web.HTTPError(403, f"cross-site {self.request.method} refused (from {source})")
 
     # -- what is forwarded ----------------------------------------------------------------
     def proxy_request_headers(self) -> httputil.HTTPHeaders:
