@@ -57,6 +57,18 @@ def site_environment(directory: Path) -> dict[str, str]:
     }
 
 
+def kernel_environment(directory: Path) -> dict[str, str]:
+    """Site settings as variables only (no profile): what scripts/quickstart sets for kernels."""
+    return {
+        "JUPYTER_SLURM_RAY_STATE_DIR": str(directory / "state"),
+        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": f"runuser -u {USER} --",
+        "JUPYTER_SLURM_RAY_PYTHON": f"{VENV}/bin/python",
+        "JUPYTER_SLURM_RAY_SETUP": f"source {VENV}/bin/activate",
+        "JUPYTER_SLURM_RAY_OBJECT_STORE_MEMORY": "200M",
+        "JUPYTER_SLURM_RAY_CPUS_PER_NODE": "1",
+    }
+
+
 @contextlib.contextmanager
 def configured_site(directory: Path) -> Iterator[dict[str, str]]:
     """Set the site's variables in this process (and its children) for the duration."""
