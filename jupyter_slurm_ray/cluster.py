@@ -19,7 +19,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
-from importlib import resources
 from typing import Any
 
 from . import connect as ray_client
@@ -27,6 +26,7 @@ from .aio import run_sync, sync_facade
 from .errors import ConnectError, RayStartError, SlurmRayError
 from .jobscript import render_job_script
 from .registry import ClusterRecord, Registry
+from .shipping import bootstrap_files
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .states import EventSummary, State, Status, derive_status
@@ -336,7 +336,7 @@ class SlurmRayCluster:
     # -- internals ------------------------------------------------------------------------
     def _command(self) -> list[str]:
         job_dir = self.job_dir or ""
-        return [self.spec.python, f"{job_dir}/bootstrap.py", "head", job_dir]
+        return [self.spec.python, f"{job_dir}/bootstrap", "head", job_dir]
 
     async def _job_dir(self) -> str:
         if self.job_dir is None:
@@ -348,8 +348,9 @@ class SlurmRayCluster:
         write = self.transport.write_file
         await self.transport.make_dir(job_dir, 0o700)
         await self.transport.make_dir(f"{job_dir}/logs", 0o700)
-        bootstrap = resources.files("jupyter_slurm_ray").joinpath("bootstrap.py").read_text()
-        await write(f"{job_dir}/bootstrap.py", bootstrap, 0o600)
+        await self.transport.make_dir(f"{job_dir}/bootstrap", 0o700)
+        for name, text in bootstrap_files().items():
+            await write(f"{job_dir}/bootstrap/{name}", text, 0o600)
         await write(f"{job_dir}/bootstrap.json", json.dumps(self._bootstrap_config(), indent=1))
         await write(f"{job_dir}/ray_token", secrets.token_urlsafe(32) + "\n", 0o600)
         await self._write_lease(force=True)
@@ -426,9 +427,10 @@ class SlurmRayCluster:
 
     def _set_status(self, status: Status) -> None:
         changed = not status.same_as(self._status)
-        self._status = status
         if not changed and self.history:
+            self._status = status
             return
+        self._status = status = replace(status, at=time.time())
         self.history.append(status)
         self._save_record()
         if self._changed is not None:
