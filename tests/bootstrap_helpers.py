@@ -7,6 +7,7 @@ in the login namespace, so they can read alice's 0700 job dirs and scan /proc of
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pwd
@@ -18,10 +19,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from jupyter_slurm_ray.shipping import bootstrap_files
+
 REPO = Path(__file__).resolve().parents[1]
-BOOTSTRAP = REPO / "jupyter_slurm_ray" / "bootstrap.py"
+BOOTSTRAP_DIR = REPO / "jupyter_slurm_ray" / "bootstrap"  # run as `python BOOTSTRAP_DIR ...`
 VENV = Path("/opt/jupyter-slurm-ray/venv")
 VENV_PYTHON = VENV / "bin" / "python"
 USER = os.environ.get("JSR_USER", "alice")
@@ -36,9 +40,16 @@ SBATCH_TEMPLATE = """#!/bin/bash
 #SBATCH --signal=B:USR1@60
 {extra_sbatch}
 {setup}
-exec {python} {job_dir}/bootstrap.py head {job_dir}
+exec {python} {job_dir}/bootstrap head {job_dir}
 """
 DEFAULT_SETUP = f"source {VENV}/bin/activate"
+
+
+def bootstrap_module(name: str) -> ModuleType:
+    """A module of the bootstrap directory, imported top-level as the job's Python imports it."""
+    if str(BOOTSTRAP_DIR) not in sys.path:
+        sys.path.insert(0, str(BOOTSTRAP_DIR))
+    return importlib.import_module(name)
 
 
 def as_user(*argv: str, user: str = USER, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -86,7 +97,9 @@ class JobDir:
         }
         config.update(settings)
         job = cls(path, config)
-        write_as_user(path / "bootstrap.py", BOOTSTRAP.read_text(), 0o600)
+        as_user("sh", "-c", 'umask 077; mkdir "$1"', "sh", str(path / "bootstrap"))
+        for name, text in bootstrap_files().items():  # what the client ships
+            write_as_user(path / "bootstrap" / name, text, 0o600)
         write_as_user(path / "ray_token", secrets.token_hex(32) + "\n", 0o600)
         write_as_user(path / "lease", "0\n", 0o600)
         write_as_user(path / "bootstrap.json", json.dumps(config, indent=1), 0o600)

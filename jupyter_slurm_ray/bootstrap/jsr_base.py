@@ -1,0 +1,105 @@
+"""Errors, the settings in bootstrap.json, and small helpers every part of the bootstrap uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+NODE_RESOURCE = "slurm_ray_node"
+LOG_LINES = 40
+
+
+class BootstrapError(Exception):
+    """A failure with one clear sentence for the user and the log lines that explain it."""
+
+    def __init__(self, reason: str, log: list[str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.log = (log or [])[-LOG_LINES:]
+
+
+class RayExitedEarly(BootstrapError):
+    """A worker's `ray start` gave up before joining (e.g. Ray's own 30 s raylet wait)."""
+
+
+@dataclass
+class Config:
+    """bootstrap.json, written by the client."""
+
+    cluster_id: str
+    nodes: int = 1
+    port_strategy: str = "random"
+    port_range: tuple[int, int] = (20000, 32000)
+    fixed_port_base: int | None = None
+    worker_ports: int = 32
+    network_interface: str | None = None
+    node_ip_address_command: str | None = None
+    ray_start_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    object_store_memory: int | None = None
+    idle_timeout: float = 600.0
+    start_timeout: float = 300.0
+    lock_dir: str | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> Config:
+        try:
+            raw = json.loads(path.read_text())
+            config = cls(cluster_id=str(raw["cluster_id"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BootstrapError(f"cannot read the settings {path}: {exc}") from exc
+        for item in fields(cls):
+            if raw.get(item.name) is not None:
+                setattr(config, item.name, raw[item.name])
+        config.port_range = (int(config.port_range[0]), int(config.port_range[1]))
+        if config.port_strategy not in ("random", "fixed"):
+            raise BootstrapError(
+                f"port_strategy must be random or fixed, not {config.port_strategy!r}"
+            )
+        if config.port_strategy == "fixed" and config.fixed_port_base is None:
+            raise BootstrapError("port_strategy fixed needs fixed_port_base")
+        return config
+
+
+def short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def job_id() -> str:
+    return os.environ.get("SLURM_JOB_ID", f"pid{os.getpid()}")
+
+
+def tail(path: Path, lines: int = LOG_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours its output even into files
+    return [f"{path.name}: {line}" for line in text.splitlines()[-lines:] if line.strip()]
+
+
+def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def run_text(argv: list[str], timeout: float = 10.0) -> str:
+    """stdout of a short command, or "" if it is missing, fails or hangs."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout if done.returncode == 0 else ""

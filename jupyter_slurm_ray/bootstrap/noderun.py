@@ -1,0 +1,121 @@
+"""What head and worker share: settings, events, signal flags, one Ray process, a clean stop."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from jsr_base import BootstrapError, Config
+from jsr_events import EventLog
+from procgroups import RayProcess, stop_processes
+from rayargs import NodePlan, ray_environment, require_command
+
+TICK = 0.25  # main loop period (s)
+API_PERIOD = 0.5  # readiness poll period (s)
+KILL_GRACE = 2.0  # SIGTERM -> SIGKILL
+
+
+class SignalFlags:
+    """Signal handlers only set flags; the main loop acts on them."""
+
+    def __init__(self) -> None:
+        self.stop: str | None = None
+        self.walltime_warnings = 0
+
+    def install(self) -> SignalFlags:
+        # SIGUSR2 too: the head stops the worker step with it, since srun forwards SIGUSR2
+        # as it is but turns a SIGTERM into a SIGKILL of its tasks.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+            signal.signal(signum, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_usr1)
+        return self
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        self.stop = self.stop or signal.Signals(signum).name
+
+    def _on_usr1(self, _signum: int, _frame: object) -> None:
+        self.walltime_warnings += 1
+
+
+class NodeRun:
+    """What head and worker share: settings, events, signals, one Ray process, clean stop."""
+
+    role = "node"
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+        self.started = time.monotonic()
+        self.events = EventLog(job_dir / "events.jsonl", self.role)
+        self.flags = SignalFlags().install()
+        self.logs = job_dir / "logs"
+        self.plan: NodePlan | None = None
+        self.ray: RayProcess | None = None
+        self.config: Config | None = None
+        self.exit_code = 0
+        self.exit_log: list[str] = []
+        self.killed: list[str] = []
+
+    @property
+    def deadline(self) -> float:
+        assert self.config is not None
+        return self.started + float(self.config.start_timeout)
+
+    def setup(self) -> str:
+        """Settings, log dir, and the `ray` command; fails fast when ray is missing."""
+        self.config = Config.load(self.job_dir / "bootstrap.json")
+        self.logs.mkdir(mode=0o700, exist_ok=True)
+        return require_command(
+            "ray",
+            "the job's setup lines must activate an environment that has ray[default] installed",
+        )
+
+    def token(self) -> str:
+        try:
+            return (self.job_dir / "ray_token").read_text().strip()
+        except OSError as exc:
+            raise BootstrapError(f"cannot read the cluster token: {exc}") from exc
+
+    def start_ray(self, argv: list[str], log_name: str) -> RayProcess:
+        assert self.plan is not None and self.config is not None
+        env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
+        self.ray = RayProcess(argv, env, self.logs / log_name)
+        return self.ray
+
+    def stop(self) -> None:
+        """Stop this node's Ray session (and leftovers naming its temp dir) within KILL_GRACE."""
+        roots = [self.ray.pid] if self.ray else []
+        marker = str(self.plan.temp_dir) if self.plan else ""
+        self.killed = stop_processes(roots, [marker], time.monotonic() + KILL_GRACE)
+        if self.killed:
+            print(f"[bootstrap] SIGKILL needed for: {self.killed}", file=sys.stderr, flush=True)
+        if self.ray:
+            self.ray.exit_code()  # reap
+        if self.plan:
+            self.plan.block.release()
+            shutil.rmtree(self.plan.temp_dir, ignore_errors=True)
+
+    def run(self) -> int:
+        reason, code = "finished", 0
+        try:
+            reason = self.main()
+            code = self.exit_code
+        except BootstrapError as exc:
+            self.events.emit("error", reason=exc.reason, log=exc.log)
+            reason, code = "error", 1
+        except Exception as exc:
+            lines = traceback.format_exc().splitlines()
+            self.events.emit("error", reason=f"the bootstrap crashed: {exc!r}", log=lines)
+            reason, code = "error", 1
+        finally:
+            self.finish(reason, code)
+        return code
+
+    def main(self) -> str:
+        raise NotImplementedError
+
+    def finish(self, reason: str, code: int) -> None:
+        self.stop()

@@ -1,0 +1,212 @@
+"""What one node's `ray start` is run with: ports, address, resources, temp dir, env, versions."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from jsr_base import NODE_RESOURCE, BootstrapError, Config, job_id, run_text, short_hostname
+from nodeaddr import node_address
+from portblock import DEFAULT_LOCK_DIR, PORT_NAMES, PortBlock, claim_port_block
+
+MAX_TEMP_DIR = 43  # Ray's unix socket paths below it must stay within 107 bytes
+MIB = 1024 * 1024
+
+
+def require_command(name: str, why: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise BootstrapError(
+            f"the `{name}` command is not on PATH ({os.environ.get('PATH', '')}); {why}"
+        )
+    return path
+
+
+def allocated_cpus(env: dict[str, str]) -> int:
+    for key in ("SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK"):
+        value = env.get(key, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return os.cpu_count() or 1
+
+
+def visible_gpus(env: dict[str, str]) -> int:
+    value = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if value in ("", "NoDevFiles") or value.startswith("-"):
+        return 0
+    return len([item for item in value.split(",") if item.strip()])
+
+
+def job_memory_mb(env: dict[str, str], cpus: int) -> int | None:
+    if env.get("SLURM_MEM_PER_NODE", "").isdigit() and int(env["SLURM_MEM_PER_NODE"]) > 0:
+        return int(env["SLURM_MEM_PER_NODE"])
+    if env.get("SLURM_MEM_PER_CPU", "").isdigit():
+        return int(env["SLURM_MEM_PER_CPU"]) * cpus
+    return None
+
+
+def object_store_bytes(configured: int | None, env: dict[str, str], cpus: int) -> int:
+    """The configured size, else 30 % of the job's memory on the node, within 80 MB..2 GiB."""
+    if configured:
+        return int(configured)
+    memory_mb = job_memory_mb(env, cpus) or 2048
+    return max(80 * MIB, min(2048 * MIB, int(memory_mb * MIB * 0.3)))
+
+
+def private_dir(path: Path) -> Path:
+    """path as a directory only this user can enter (refuses one owned by someone else)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise BootstrapError(f"{path} exists and is not a directory of this user")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def node_temp_dir(job: str, host: str) -> Path:
+    """Ray's node-local dir, short enough for its unix sockets.
+
+    Ray makes its temp dir and session dirs world-writable (0777); the private parent
+    /tmp/jsr-<uid> keeps other users out of them.
+    """
+    parent = private_dir(Path(f"/tmp/jsr-{os.getuid()}"))
+    for name in (f"{job}-{host}", f"{job}-{zlib.crc32(host.encode()):08x}"):
+        path = parent / name
+        if len(str(path)) <= MAX_TEMP_DIR:
+            path.mkdir(mode=0o700, exist_ok=True)
+            return path
+    return Path(tempfile.mkdtemp(dir=parent))
+
+
+@dataclass
+class NodePlan:
+    """Everything one node's `ray start` needs."""
+
+    host: str
+    ip: str
+    block: PortBlock
+    temp_dir: Path
+    cpus: int
+    gpus: int
+    object_store: int
+
+    def common_args(self, config: Config) -> list[str]:
+        ports = self.block.ports
+        args = [
+            f"--node-ip-address={self.ip}",
+            f"--num-cpus={self.cpus}",
+            f"--num-gpus={self.gpus}",
+            f"--object-store-memory={self.object_store}",
+            f"--resources={json.dumps({NODE_RESOURCE: 1})}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            f"--node-manager-port={ports['node_manager']}",
+            f"--object-manager-port={ports['object_manager']}",
+            f"--dashboard-agent-listen-port={ports['dashboard_agent_listen']}",
+            f"--dashboard-agent-grpc-port={ports['dashboard_agent_grpc']}",
+            f"--runtime-env-agent-port={ports['runtime_env_agent']}",
+            f"--metrics-export-port={ports['metrics_export']}",
+        ]
+        if "min_worker" in ports:
+            args += [f"--min-worker-port={ports['min_worker']}"]
+            args += [f"--max-worker-port={ports['max_worker']}"]
+        return args
+
+    def head_argv(self, ray: str, config: Config) -> list[str]:
+        ports = self.block.ports
+        return [
+            ray, "start", "--head", "--block",
+            f"--port={ports['gcs']}",
+            f"--ray-client-server-port={ports['client']}",
+            "--include-dashboard=true",
+            f"--dashboard-host={self.ip}",
+            f"--dashboard-port={ports['dashboard']}",
+            *self.common_args(config),
+            *config.ray_start_args,
+        ]  # fmt: skip
+
+    def worker_argv(self, ray: str, config: Config, head_address: str) -> list[str]:
+        return [
+            ray, "start", f"--address={head_address}", "--block",
+            *self.common_args(config), *config.ray_start_args,
+        ]  # fmt: skip
+
+
+def plan_node(config: Config, toward: str | None) -> NodePlan:
+    """Claim this node's ports, find its address, and size it from the allocation."""
+    size = len(PORT_NAMES) + max(0, int(config.worker_ports))
+    block = claim_port_block(
+        size,
+        strategy=config.port_strategy,
+        port_range=config.port_range,
+        fixed_base=config.fixed_port_base,
+        lock_dir=Path(config.lock_dir or DEFAULT_LOCK_DIR),
+        job=job_id(),
+    )
+    try:
+        ip = node_address(config, toward)
+        host = short_hostname()
+        env = dict(os.environ)
+        cpus = allocated_cpus(env)
+        object_store = object_store_bytes(config.object_store_memory, env, cpus)
+        temp_dir = node_temp_dir(job_id(), host)
+    except BaseException:
+        block.release()
+        raise
+    return NodePlan(host, ip, block, temp_dir, cpus, visible_gpus(env), object_store)
+
+
+def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(job_dir / "ray_token"),
+        RAY_USAGE_STATS_ENABLED="0",
+        AUTOSCALER_METRIC_PORT=str(ports["autoscaler_metrics"]),
+        DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]),
+    )
+    env.update({str(k): str(v) for k, v in config.env.items()})
+    return env
+
+
+def ray_interpreter(ray: str) -> str | None:
+    """The Python that runs the `ray` script, from its shebang (pip's sh trampoline too)."""
+    try:
+        with open(ray, "rb") as handle:
+            head = handle.read(1024).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    if not head or not head[0].startswith("#!"):
+        return None
+    words = shlex.split(head[0][2:])
+    if words and Path(words[0]).name == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        return shutil.which(words[0]) if words else None
+    if words and Path(words[0]).name in ("sh", "bash") and len(head) > 1:
+        match = re.match(r"'''exec' (\S+)", head[1])
+        return match.group(1) if match else None
+    return words[0] if words else None
+
+
+def ray_versions(ray: str) -> tuple[str | None, str | None]:
+    """(Ray version, Python version) of the interpreter behind `ray`, without importing ray."""
+    python = ray_interpreter(ray)
+    if python:
+        probe = "import importlib.metadata as m, platform as p\n"
+        probe += "print(m.version('ray'), p.python_version())"
+        words = run_text([python, "-c", probe], timeout=30).split()
+        if len(words) == 2:
+            return words[0], words[1]
+    match = re.search(r"version (\S+)", run_text([ray, "--version"], timeout=60))
+    return (match.group(1) if match else None), None
