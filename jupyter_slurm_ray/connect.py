@@ -22,8 +22,14 @@ from .errors import ConnectError
 log = logging.getLogger(__name__)
 
 # The proxier's per-client server can also die at start-up, seen as psutil's ZombieProcess in
-# "Initialization failure from server": the same race, retried alike.
-_TRANSIENT = ("Starting Ray client server failed", "ray client connection timeout", "ZombieProcess")
+# "Initialization failure from server", or lose the new session ("already been cleaned up"):
+# the same race, retried alike.
+_TRANSIENT = (
+    "Starting Ray client server failed",
+    "ray client connection timeout",
+    "ZombieProcess",
+    "session that has already been cleaned up",
+)
 
 
 @dataclass(frozen=True)
