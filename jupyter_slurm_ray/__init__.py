@@ -17,10 +17,14 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClusterSpec",
     "CommandError",
     "ConnectError",
+    "LocalTransport",
     "RayStartError",
+    "SSHTransport",
     "SlurmError",
+    "SlurmRayCluster",
     "SlurmRayError",
     "SpecError",
     "TransportError",
@@ -29,6 +33,23 @@ __all__ = [
     "load_ipython_extension",
     "panel",
 ]
+
+
+_LAZY = {
+    "ClusterSpec": "spec",
+    "SlurmRayCluster": "cluster",
+    "LocalTransport": "transport",
+    "SSHTransport": "transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The main classes, imported on first use (importing the package stays cheap)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:

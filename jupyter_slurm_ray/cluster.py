@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import json
 import logging
 import os
 import re
@@ -24,9 +23,9 @@ from typing import Any
 from . import connect as ray_client
 from .aio import run_sync, sync_facade
 from .errors import ConnectError, RayStartError, SlurmRayError
+from .jobdir import JobDir
 from .jobscript import render_job_script
 from .registry import ClusterRecord, Registry
-from .shipping import bootstrap_files
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .states import EventSummary, State, Status, derive_status
@@ -85,9 +84,11 @@ class SlurmRayCluster:
         self._stopping = False
         self._detached = False
         self._lease_counter = 0
+        self._job_misses = 0  # polls in a row in which Slurm did not know the job
         self._lease_written = 0.0
         self._token_path: str | None = None
         self.history: list[Status] = []
+        self.created_at = time.time()
 
     # -- what the user sees ---------------------------------------------------------------
     @property
@@ -110,6 +111,11 @@ class SlurmRayCluster:
     def remove_observer(self, observer: Observer) -> None:
         with contextlib.suppress(ValueError):
             self._observers.remove(observer)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from .reprs import cluster_mimebundle
+
+        return cluster_mimebundle(self, include, exclude)
 
     def __repr__(self) -> str:
         return f"<SlurmRayCluster {self.spec.name} ({self.id}): {self._status.describe()}>"
@@ -142,6 +148,7 @@ class SlurmRayCluster:
         )
         cluster.job_dir = record.job_dir or None
         cluster._detached = record.detached
+        cluster.created_at = record.created_at
         cluster._status = Status(
             State(record.state),
             reason=record.reason,
@@ -167,8 +174,10 @@ class SlurmRayCluster:
 
     async def script_async(self) -> str:
         """The job script that ``up()`` would submit (nothing is submitted)."""
+        job_dir = await self._job_dir()
+        command = job_dir.bootstrap_command(self.spec.python)
         return render_job_script(
-            self.spec, cluster_id=self.id, job_dir=await self._job_dir(), command=self._command()
+            self.spec, cluster_id=self.id, job_dir=job_dir.path, command=command
         )
 
     async def up_async(
@@ -185,12 +194,15 @@ class SlurmRayCluster:
         self._changed = asyncio.Event()
         script = await self.script_async()  # validates the spec before anything is written
         job_dir = await self._job_dir()
-        await self._prepare_job_dir(job_dir)
+        await job_dir.prepare(self.spec, self.id)
+        await self._write_lease(force=True)
         self._save_record()
         try:
-            job_id = await self.slurm.submit(script, job_dir)
-        except SlurmRayError as exc:
-            self._set_status(replace(self._status, state=State.FAILED, reason=str(exc)))
+            job_id = await self.slurm.submit(script, job_dir.path)
+        except SlurmRayError:
+            # Nothing ran: leave no record and no job dir behind, only the error.
+            self.registry.delete(self.id)
+            await self.transport.run(["rm", "-rf", "--", job_dir.path], check=False)
             raise
         _owned.add(self)
         self._set_status(replace(self._status, state=State.PENDING, job_id=job_id))
@@ -292,8 +304,7 @@ class SlurmRayCluster:
 
     async def detach_async(self) -> None:
         """Keep the cluster running after this kernel exits (until its walltime)."""
-        job_dir = await self._job_dir()
-        await self.transport.write_file(f"{job_dir}/detached", f"{os.getpid()}\n", 0o600)
+        await (await self._job_dir()).mark_detached(f"{os.getpid()}\n")
         self._detached = True
         self._save_record()
 
@@ -306,20 +317,7 @@ class SlurmRayCluster:
 
     async def logs_async(self, node: str | None = None, tail: int = 100) -> str:
         """The job's output (``node=None``) or one node's Ray log, last ``tail`` lines."""
-        job_dir = await self._job_dir()
-        if node is not None:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", node):
-                raise SlurmRayError(f"node: {node!r} is not a host name")
-            candidates = [f"logs/ray-head-{node}.log", f"logs/ray-worker-{node}.log"]
-        else:
-            job = self._status.job_id
-            candidates = [f"slurm-{job}.out", f"slurm-{job}.err"] if job else []
-        parts = []
-        for name in candidates:
-            text = await self.transport.tail(f"{job_dir}/{name}", tail)
-            if text:
-                parts.append(f"==> {name} <==\n{text.rstrip()}")
-        return "\n".join(parts)
+        return await (await self._job_dir()).logs(self._status.job_id, node, tail)
 
     def job_client(self) -> Any:
         """A Ray Jobs client (``JobSubmissionClient``) through the dashboard, with the token."""
@@ -334,45 +332,11 @@ class SlurmRayCluster:
         )
 
     # -- internals ------------------------------------------------------------------------
-    def _command(self) -> list[str]:
-        job_dir = self.job_dir or ""
-        return [self.spec.python, f"{job_dir}/bootstrap", "head", job_dir]
-
-    async def _job_dir(self) -> str:
+    async def _job_dir(self) -> JobDir:
         if self.job_dir is None:
             root = await self.transport.expand_path(self.spec.job_dir_root)
             self.job_dir = f"{root.rstrip('/')}/{self.id}"
-        return self.job_dir
-
-    async def _prepare_job_dir(self, job_dir: str) -> None:
-        write = self.transport.write_file
-        await self.transport.make_dir(job_dir, 0o700)
-        await self.transport.make_dir(f"{job_dir}/logs", 0o700)
-        await self.transport.make_dir(f"{job_dir}/bootstrap", 0o700)
-        for name, text in bootstrap_files().items():
-            await write(f"{job_dir}/bootstrap/{name}", text, 0o600)
-        await write(f"{job_dir}/bootstrap.json", json.dumps(self._bootstrap_config(), indent=1))
-        await write(f"{job_dir}/ray_token", secrets.token_urlsafe(32) + "\n", 0o600)
-        await self._write_lease(force=True)
-
-    def _bootstrap_config(self) -> dict[str, Any]:
-        s = self.spec
-        return {
-            "cluster_id": self.id,
-            "nodes": s.nodes,
-            "port_strategy": s.port_strategy,
-            "port_range": list(s.port_range),
-            "fixed_port_base": s.fixed_port_base,
-            "worker_ports": s.worker_ports,
-            "network_interface": s.network_interface,
-            "node_ip_address_command": s.node_ip_address_command,
-            "ray_start_args": list(s.ray_start_args),
-            "env": dict(s.env),
-            "object_store_memory": s.object_store_memory,
-            "idle_timeout": s.idle_timeout,
-            "start_timeout": s.start_timeout,
-            "lock_dir": None,
-        }
+        return JobDir(self.transport, self.job_dir)
 
     async def _write_lease(self, force: bool = False) -> None:
         interval = max(1.0, min(10.0, self.spec.idle_timeout / 4))
@@ -381,30 +345,29 @@ class SlurmRayCluster:
             return
         self._lease_counter += 1
         try:
-            await self.transport.write_file(
-                f"{await self._job_dir()}/lease", f"{os.getpid()} {self._lease_counter}\n", 0o600
-            )
+            job_dir = await self._job_dir()
+            await job_dir.write_lease(f"{os.getpid()} {self._lease_counter}\n")
             self._lease_written = now
         except SlurmRayError as exc:
             log.warning("could not renew the lease of %s: %s", self.id, exc)
 
     async def _on_job_info(self, job: JobInfo | None) -> None:
         job_dir = await self._job_dir()
-        text, self._events_offset = await self.transport.read_from(
-            f"{job_dir}/events.jsonl", self._events_offset
-        )
-        self._events.add(_parse_events(text))
+        events, self._events_offset = await job_dir.read_events(self._events_offset)
+        self._events.add(events)
         if job is not None and job.is_running and not self._stopping:
             await self._write_lease()
         log_tail = ""
         if job is not None and job.is_final and not self._events.error:
             log_tail = await self.logs_async(tail=20)
+        self._job_misses = 0 if job is not None else self._job_misses + 1
         self._update_state(job, log_tail)
         if self._status.state.is_final and self._status.job_id:
             watcher_for(self.transport).unwatch(self._status.job_id, self._on_job_info)
 
     def _update_state(self, job: JobInfo | None = None, log_tail: str = "") -> None:
-        if job is None and self._status.job_id is not None:
+        forgotten = self._job_misses >= 3
+        if job is None and self._status.job_id is not None and not forgotten:
             job = _job_from_status(self._status)
         status = derive_status(
             self._status,
@@ -413,6 +376,7 @@ class SlurmRayCluster:
             connected=self._connected,
             stopping=self._stopping,
             log_tail=log_tail,
+            job_forgotten=forgotten,
         )
         if status.state.is_final and self._connected:
             self._connected = False
@@ -463,6 +427,7 @@ class SlurmRayCluster:
             forwards={k: f.local_port for k, f in self._forwards.items() if f.is_open},
             detached=self._detached,
             spec=s.to_dict(),
+            created_at=self.created_at,
         )
         try:
             self.registry.save(record)
@@ -475,14 +440,14 @@ class SlurmRayCluster:
 
     async def _load_connection(self) -> ray_client.ConnectionInfo:
         if self.connection is None:
-            text = await self.transport.read_file(f"{await self._job_dir()}/connection.json")
+            text = await (await self._job_dir()).read_connection()
             self.connection = ray_client.ConnectionInfo.from_json(text)
         return self.connection
 
     async def _local_token(self) -> str:
         if self._token_path is None:
-            token = await self.transport.read_file(f"{await self._job_dir()}/ray_token")
-            self._token_path = str(self.registry.store_token(self.id, token.strip()))
+            token = await (await self._job_dir()).read_token()
+            self._token_path = str(self.registry.store_token(self.id, token))
         return self._token_path
 
     async def _reach(self, name: str, host: str, port: int) -> Forward:
@@ -498,16 +463,6 @@ class SlurmRayCluster:
             fwd.close()
         self._forwards.clear()
         self._save_record()
-
-
-def _parse_events(text: str) -> list[dict[str, Any]]:
-    events = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict):
-                events.append(event)
-    return events
 
 
 def _job_from_status(status: Status) -> JobInfo:

@@ -8,11 +8,13 @@ retried a bounded number of times with a shortened timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -133,10 +135,13 @@ def connect_ray_client(
     _forbid_auto_init()
 
     last: Exception | None = None
+    tried = 0
     for attempt in range(1, attempts + 1):
+        tried = attempt
         started = time.monotonic()
         try:
-            context = ray.init(address, logging_level=logging.WARNING, log_to_driver=True)
+            with _quiet_thread_warning():
+                context = ray.init(address, logging_level=logging.WARNING, log_to_driver=True)
             log.info("connected to %s in %.1f s", address, time.monotonic() - started)
             return context
         except ConnectionError as exc:
@@ -146,9 +151,27 @@ def connect_ray_client(
             log.warning("Ray Client connect attempt %d/%d failed: %s", attempt, attempts, exc)
             _shutdown_quietly()
     raise ConnectError(
-        f"could not connect to the Ray cluster at {address} after {attempts} attempt(s): {last}. "
+        f"could not connect to the Ray cluster at {address} after {tried} attempt(s): {last}. "
         "Check that the cluster is READY (status()) and that this kernel may reach it."
     ) from None
+
+
+class _NotMainThreadFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "current thread is not the main thread" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_thread_warning() -> Iterator[None]:
+    """Hide Ray's "SIGTERM handler is not set" warning: we connect off the main thread on
+    purpose (the main thread belongs to the notebook), and Ray Client needs no handler."""
+    logger = logging.getLogger("ray._private.worker")
+    quiet = _NotMainThreadFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def disconnect_ray_client() -> None:

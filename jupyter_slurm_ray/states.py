@@ -164,8 +164,12 @@ def derive_status(
     connected: bool = False,
     stopping: bool = False,
     log_tail: str = "",
+    job_forgotten: bool = False,
 ) -> Status:
-    """The new status given Slurm's job info and the bootstrap's events."""
+    """The new status given Slurm's job info and the bootstrap's events.
+
+    ``job_forgotten``: Slurm no longer lists the job and keeps no accounting of it.
+    """
     if previous.state.is_final:
         return previous
     base = replace(
@@ -183,6 +187,9 @@ def derive_status(
             time_left=job.time_left,
             time_limit=job.time_limit or base.time_limit,
         )
+    if job is None and job_forgotten:
+        reason = "Slurm no longer knows the job and keeps no accounting: it has ended"
+        return replace(base, state=State.STOPPED, reason=reason)
     if job is None:
         return base
     if job.is_final:

@@ -88,3 +88,10 @@ def test_walltime_warning_is_shown_while_ready():
     evs = events({"event": "ready"}, {"event": "walltime_warning"})
     status = derive_status(START, job("RUNNING", time_left=100), evs)
     assert status.state is State.READY and status.walltime_warning
+
+
+def test_a_job_slurm_forgot_without_accounting_is_stopped_not_running_forever():
+    ready = events({"event": "ready"})
+    assert derive_status(START, None, ready).state is State.PENDING  # one miss: no change
+    status = derive_status(START, None, ready, job_forgotten=True)
+    assert status.state is State.STOPPED and "no longer knows" in (status.reason or "")
