@@ -203,6 +203,14 @@ def test_post_refuses_bad_input_naming_the_field(server, body, field, testbed):
     assert _jobs_of(testbed.user) == before  # nothing submitted
 
 
+def test_post_that_slurm_refuses_is_a_400_with_slurms_words(server, testbed):
+    before = _jobs_of(testbed.user)
+    response = server.request("POST", API, json={"profile": "tiny", "partition": "nosuch"})
+    assert response.status_code == 400, response.text
+    assert "invalid partition" in response.json()["message"].lower()
+    assert _jobs_of(testbed.user) == before
+
+
 def test_post_refuses_a_body_that_is_not_json(server):
     response = server.request("POST", API, data=b"{nope", headers=server.headers())
     assert response.status_code == 400 and response.json()["field"] == "body"

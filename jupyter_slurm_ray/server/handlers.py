@@ -15,7 +15,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from ..errors import SlurmRayError, SpecError
+from ..errors import SlurmError, SlurmRayError, SpecError
 from .manager import ClusterManager, NotFound
 from .proxy import PREFIX as DASHBOARD_PREFIX
 
@@ -41,6 +41,8 @@ def _as_http_errors() -> Iterator[None]:
         raise ApiError(404, str(exc)) from None
     except SpecError as exc:
         raise ApiError(400, str(exc), exc.field) from None
+    except SlurmError as exc:  # Slurm refused the request as asked (e.g. no such partition)
+        raise ApiError(400, str(exc)) from None
     except SlurmRayError as exc:
         raise ApiError(502, str(exc)) from None
 
