@@ -361,6 +361,9 @@ class SlurmRayCluster:
         if job is not None and job.is_final and not self._events.error:
             log_tail = await self.logs_async(tail=20)
         self._job_misses = 0 if job is not None else self._job_misses + 1
+        if self._events.ready and self.connection is None:
+            with contextlib.suppress(SlurmRayError):  # the record then has the head's address
+                await self._load_connection()
         self._update_state(job, log_tail)
         if self._status.state.is_final and self._status.job_id:
             watcher_for(self.transport).unwatch(self._status.job_id, self._on_job_info)

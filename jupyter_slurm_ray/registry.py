@@ -7,6 +7,7 @@ file in the same directory, then ``os.replace``), so a reader never sees half a 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import logging
 import os
@@ -62,7 +63,7 @@ class ClusterRecord:
     forwards: dict[str, int] = field(default_factory=dict)  # "client"/"dashboard" -> local port
     owner_pid: int = field(default_factory=os.getpid)
     owner_host: str = field(default_factory=socket.gethostname)
-    owner: str = field(default_factory=lambda: os.environ.get("USER", ""))
+    owner: str = field(default_factory=getpass.getuser)
     detached: bool = False
     spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()
     created_at: float = field(default_factory=time.time)

@@ -29,7 +29,8 @@ def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["state"] == "CONNECTED"
     assert seen["head_reachable_directly"] is False  # only the tunnel gets there
-    assert seen["hosts"] == ["node1", "node2"]
+    assert len(seen["hosts"]) == 2 and set(seen["hosts"]) <= {"node1", "node2", "node3"}
+    assert seen["hosts"] == sorted(set(seen["hosts"]))  # one task on each of two nodes
     assert seen["dashboard_url"].startswith("http://127.0.0.1:")
     assert seen["dashboard_with_token"] == 200
     assert seen["dashboard_without_token"] in (401, 403)
