@@ -75,8 +75,14 @@ def ray_in_subprocess(
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     environment.update(RAY_USAGE_STATS_ENABLED="0", **(env or {}))
     if token_path is not None:
-        environment.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
-    program = "import json, ray, socket\n" + f"ray.init({address!r})\n" + textwrap.dedent(code)
+        # the package's own connect: token settings and retries of Ray Client's known flakes
+        connect = (
+            "from jupyter_slurm_ray.connect import connect_ray_client\n"
+            f"connect_ray_client({address!r}, {token_path!r}, timeout=30)\n"
+        )
+    else:
+        connect = f"ray.init({address!r})\n"
+    program = "import json, ray, socket\n" + connect + textwrap.dedent(code)
     return subprocess.run(
         [sys.executable, "-c", program],
         capture_output=True,
@@ -91,6 +97,16 @@ def last_json_line(out: str):
         if line.startswith(("{", "[")):
             return json.loads(line)
     raise AssertionError(f"no JSON line in output:\n{out}")
+
+
+def ray_result(result: subprocess.CompletedProcess):
+    """The JSON result of :func:`ray_in_subprocess`, or a failure showing its stderr."""
+    try:
+        return last_json_line(result.stdout)
+    except AssertionError:
+        raise AssertionError(
+            f"exit {result.returncode}; stderr:\n{result.stderr[-3000:]}"
+        ) from None
 
 
 ONE_TASK_PER_NODE = """

@@ -28,9 +28,9 @@ from jupyter_slurm_ray.transport import LocalTransport
 from .clusters import (
     ONE_TASK_PER_NODE,
     cluster_spec,
-    last_json_line,
     processes_of,
     ray_in_subprocess,
+    ray_result,
     squeue_has,
     wait_for,
 )
@@ -169,7 +169,7 @@ def test_three_nodes_run_one_task_each_and_down_leaves_nothing(registry):
         token = store_token(cluster)
         address = f"ray://{info.head_ip}:{info.client_port}"
         result = ray_in_subprocess(address, str(token), ONE_TASK_PER_NODE)
-        assert last_json_line(result.stdout) == ["node1", "node2", "node3"], result.stderr[-2000:]
+        assert ray_result(result) == ["node1", "node2", "node3"]
     finally:
         started = time.monotonic()
         status = cluster.down()
@@ -191,7 +191,7 @@ def test_two_clusters_of_one_user_share_a_node(registry):
             path = store_token(cluster)
             address = f"ray://{info.head_ip}:{info.client_port}"
             result = ray_in_subprocess(address, str(path), ONE_TASK_PER_NODE)
-            assert last_json_line(result.stdout) == ["node3"], result.stderr[-2000:]
+            assert ray_result(result) == ["node3"]
     finally:
         first.down()
         second.down()

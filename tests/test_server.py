@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import getpass
 import subprocess
 import time
 from collections.abc import Iterator
@@ -133,7 +133,7 @@ def test_list_shows_clusters_reconciled_with_slurm(server, cluster, root, testbe
     live = clusters[cluster.id]
     assert live["state"] == "READY" and live["slurm_state"] == "RUNNING"
     assert live["nodes_joined"] == live["nodes_wanted"] == 1
-    assert 0 < live["time_left"] <= 600 and live["owner"] == os.environ.get("USER", "")
+    assert 0 < live["time_left"] <= 600 and live["owner"] == getpass.getuser()
     assert live["dashboard_url"] == f"/slurm-ray/dashboard/{cluster.id}/"
     assert live["attach_command"] == "%slurm_ray attach apitest"
     stale = clusters["stale-0000"]
