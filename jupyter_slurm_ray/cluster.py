@@ -28,7 +28,7 @@ from .jobscript import render_job_script
 from .registry import ClusterRecord, Registry
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
-from .states import EventSummary, State, Status, derive_status
+from .states import EventSummary, State, Status, derive_status, status_of_record
 from .transport import Forward, LocalTransport, SSHTransport, Transport, transport_for_target
 from .watch import watcher_for
 
@@ -149,14 +149,7 @@ class SlurmRayCluster:
         cluster.job_dir = record.job_dir or None
         cluster._detached = record.detached
         cluster.created_at = record.created_at
-        cluster._status = Status(
-            State(record.state),
-            reason=record.reason,
-            nodes_wanted=record.nodes_wanted,
-            nodes_joined=record.nodes_joined,
-            job_id=record.job_id,
-            time_limit=record.time_limit,
-        )
+        cluster._status = status_of_record(record)
         return cluster
 
     async def attach_async(self) -> SlurmRayCluster:

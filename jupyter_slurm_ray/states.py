@@ -104,6 +104,25 @@ class Status:
         return " ".join(parts)
 
 
+def status_of_record(record: Any) -> Status:
+    """The status a registry record last saw (``record`` is a ``registry.ClusterRecord``)."""
+    try:
+        state = State(record.state)
+    except ValueError:
+        state = State.FAILED
+    return Status(
+        state,
+        at=record.updated_at,
+        reason=record.reason,
+        phase=record.phase,
+        nodes_joined=record.nodes_joined,
+        nodes_wanted=record.nodes_wanted,
+        job_id=record.job_id,
+        time_limit=record.time_limit,
+        time_left=record.time_left,
+    )
+
+
 def _hms(seconds: int) -> str:
     h, rest = divmod(int(seconds), 3600)
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"

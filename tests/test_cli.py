@@ -113,7 +113,7 @@ def test_gc_cancels_orphans_whose_record_was_deleted_or_owner_is_gone(transport,
     assert f"job {no_record[1]} (cluster {no_record[0]}): no record of it" in out
     assert f"job {owner_gone[1]} (cluster {owner_gone[0]}): its owner (pid" in out
     assert f"cancelled job {no_record[1]}" in out and f"cancelled job {owner_gone[1]}" in out
-    assert owned[1] not in out and detached[1] not in out
+    assert f"job {owned[1]} " not in out and f"job {detached[1]} " not in out
     assert state_of(no_record[1]) == "CANCELLED" and state_of(owner_gone[1]) == "CANCELLED"
     assert state_of(owned[1]) == "PENDING" and state_of(detached[1]) == "PENDING"
 

@@ -18,10 +18,11 @@ from typing import Any
 
 from ..cluster import SlurmRayCluster
 from ..errors import SlurmRayError, SpecError
+from ..jobdir import EVENTS, JobDir, parse_events
 from ..registry import ClusterRecord, Registry
 from ..slurm import JobInfo, SlurmClient
 from ..spec import ClusterSpec
-from ..states import EventSummary, State, Status, derive_status
+from ..states import EventSummary, State, Status, derive_status, status_of_record
 from ..transport import Transport, transport_for_target
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class ClusterManager:
     async def _refresh(self) -> Snapshot:
         by_target: dict[str, tuple[dict[str, Any], list[str]]] = {}
         for record in self.registry.all():
-            if record.job_id and not _state_of(record).is_final:
+            if record.job_id and not status_of_record(record).state.is_final:
                 key = json.dumps(record.target, sort_keys=True)
                 by_target.setdefault(key, (record.target, []))[1].append(record.job_id)
         jobs: dict[str, JobInfo] = {}
@@ -237,17 +238,8 @@ class ClusterManager:
 
 def reconcile(record: ClusterRecord, job: JobInfo | None) -> Status:
     """The record's state corrected by what Slurm says now (e.g. the job ended meanwhile)."""
-    state = _state_of(record)
-    previous = Status(
-        state,
-        reason=record.reason,
-        phase=record.phase,
-        nodes_joined=record.nodes_joined,
-        nodes_wanted=record.nodes_wanted,
-        job_id=record.job_id,
-        time_limit=record.time_limit,
-        time_left=record.time_left,
-    )
+    previous = status_of_record(record)
+    state = previous.state
     if job is None:
         return previous
     events = EventSummary(phase=record.phase, joined=record.nodes_joined, ready=state.is_up)
@@ -258,13 +250,6 @@ def reconcile(record: ClusterRecord, job: JobInfo | None) -> Status:
         connected=state is State.CONNECTED and record.owner_alive,
         stopping=state is State.STOPPING,
     )
-
-
-def _state_of(record: ClusterRecord) -> State:
-    try:
-        return State(record.state)
-    except ValueError:
-        return State.FAILED
 
 
 def _describe_target(target: Mapping[str, Any]) -> str:
@@ -279,14 +264,8 @@ async def _recent_events(transport: Transport, record: ClusterRecord, count: int
     if not record.job_dir:
         return []
     try:
-        text = await transport.tail(f"{record.job_dir}/events.jsonl", count)
+        text = await transport.tail(JobDir(transport, record.job_dir).file(EVENTS), count)
     except SlurmRayError as exc:
         log.warning("reading the events of %s failed: %s", record.id, exc)
         return []
-    events = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict):
-                events.append(event)
-    return events
+    return parse_events(text)
