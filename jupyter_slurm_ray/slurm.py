@@ -35,6 +35,13 @@ FINAL_STATES = frozenset(
     }
 )
 
+# sbatch lets SBATCH_* variables of the submitting environment override the script's #SBATCH
+# lines; without them the job is exactly what ``script()`` shows. (Constant; path is "$1".)
+_SBATCH_CLEAN_ENV = (
+    'for v in $(env | sed -n "s/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/\\1/p"); do unset "$v"; done; '
+    'exec sbatch --parsable "$1"'
+)
+
 _SQUEUE_FIELDS = ("%i", "%T", "%D", "%S", "%L", "%l", "%N", "%j", "%r")
 _SQUEUE_FORMAT = "|".join(_SQUEUE_FIELDS)
 _SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Start,Timelimit,JobName"
@@ -109,7 +116,7 @@ class SlurmClient:
         path = f"{job_dir.rstrip('/')}/{filename}"
         await self.transport.make_dir(job_dir, 0o700)
         await self.transport.write_file(path, script, 0o700)
-        out = await self._slurm(["sbatch", "--parsable", path])
+        out = await self._slurm(["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", path])
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()!r} instead of a job id")

@@ -9,14 +9,18 @@ arguments, so both transports share one implementation of them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import logging
 import os
 import shlex
 import signal
+import tarfile
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from .errors import CommandError, TransportError
@@ -31,6 +35,10 @@ _WRITE_ATOMIC = (
     'cat >"$t" && chmod "$2" -- "$t" && mv -f -- "$t" "$1" || { rm -f -- "$t"; exit 1; }'
 )
 _MAKE_DIR = 'umask 077; mkdir -p -- "$1" && chmod "$2" -- "$1"'
+_UNPACK = (
+    'umask 077; mkdir -p -- "$1" && chmod 700 -- "$1" && '
+    'base64 -d | tar -x -f - -C "$1" --no-same-owner --no-same-permissions'
+)
 _PRINT_HOME = 'printf %s "$HOME"'
 
 
@@ -122,6 +130,12 @@ class Transport(ABC):
         """Write ``data`` to ``path`` atomically (temporary file + rename) with ``mode``."""
         await self.run(["sh", "-c", _WRITE_ATOMIC, "sh", path, f"{mode:o}"], input=data)
 
+    async def write_files(self, directory: str, files: Mapping[str, str]) -> None:
+        """Create ``directory`` (0700) holding ``files`` (relative name -> text, each 0600),
+        in ONE command: a base64 tar archive on stdin (one round trip over SSH, not one per
+        file). Sub-directories in the names are created 0700."""
+        await self.run(["sh", "-c", _UNPACK, "sh", directory], input=_tar_base64(files))
+
     async def read_file(self, path: str) -> str:
         return (await self.run(["cat", "--", path])).stdout
 
@@ -202,6 +216,21 @@ class LocalTransport(Transport):
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         # On the login node the cluster network is reachable directly.
         return Forward(remote_host, remote_port, remote_host, remote_port)
+
+
+def _tar_base64(files: Mapping[str, str]) -> str:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted({str(PurePosixPath(n).parent) for n in files} - {"."}):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(info)
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _kill_group(pid: int) -> None:

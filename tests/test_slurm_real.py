@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Sequence
 
@@ -129,6 +130,20 @@ async def test_watching_many_jobs_costs_one_squeue_per_poll(testbed, unique_name
     assert polls >= 3
     assert transport.commands == ["squeue"] * polls
     assert set(seen) == set(job_ids) and all(i and not i.is_final for i in seen.values())
+
+
+async def test_sbatch_ignores_sbatch_variables_of_the_submitting_environment(
+    testbed, unique_name, cancel_jobs
+):
+    """The job is what the script says, even if the kernel's environment has SBATCH_*."""
+    transport = LocalTransport(
+        ["env", "SBATCH_PARTITION=short", "SBATCH_JOB_NAME=x", *as_user(testbed.user)]
+    )
+    _, job_id = await submit(transport, unique_name, ["true"], cancel_jobs)
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%P %j"], capture_output=True, text=True
+    ).stdout.split()
+    assert out == ["debug", unique_name]
 
 
 async def test_sbatch_refusals_carry_slurms_message(transport, unique_name, cancel_jobs):

@@ -56,6 +56,19 @@ async def test_files_are_written_atomically_with_their_mode(transport, unique_na
     await transport.run(["rm", "-rf", "--", base])
 
 
+async def test_many_files_are_written_in_one_command_with_private_modes(transport, unique_name):
+    base = f"{await transport.home()}/.jsr-test-{unique_name}"
+    files = {"a.py": "print('é')\n", "sub/b.txt": "two\nlines\n", "empty": ""}
+    await transport.write_files(base, files)
+    for name, text in files.items():
+        assert await transport.read_file(f"{base}/{name}") == text
+        assert os.stat(f"{base}/{name}").st_mode & 0o777 == 0o600
+    for directory in (base, f"{base}/sub"):
+        assert os.stat(directory).st_mode & 0o777 == 0o700
+    assert os.stat(f"{base}/a.py").st_uid == os.stat(base).st_uid != 0
+    await transport.run(["rm", "-rf", "--", base])
+
+
 async def test_read_from_returns_only_whole_new_lines(transport, unique_name):
     path = f"{await transport.home()}/.jsr-test-{unique_name}.jsonl"
     await transport.write_file(path, '{"a": 1}\n{"b": 2}\n{"c"', 0o600)
