@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,13 +115,3 @@ def job_fields(job_id: str) -> dict[str, str]:
         ["scontrol", "show", "job", "-o", job_id], check=True, capture_output=True, text=True
     ).stdout
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

@@ -25,8 +25,9 @@ from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 
+from .clusters import wait_for
 from .conftest import as_user
-from .site_helpers import USER, configured_site, job_fields, wait_for
+from .site_helpers import USER, configured_site, job_fields
 
 pytestmark = pytest.mark.testbed
 

@@ -24,7 +24,8 @@ from jupyter_slurm_ray.magic_args import SUBCOMMANDS
 from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
 
-from .site_helpers import configured_site, job_fields, jobs_named, wait_for
+from .clusters import wait_for
+from .site_helpers import configured_site, job_fields, jobs_named
 
 pytestmark = pytest.mark.testbed
 

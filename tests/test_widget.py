@@ -18,7 +18,8 @@ from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status
 from jupyter_slurm_ray.widget import ClusterPanel
 
-from .site_helpers import configured_site, jobs_named, wait_for
+from .clusters import wait_for
+from .site_helpers import configured_site, jobs_named
 
 ORDER = ["SUBMITTING", "PENDING", "STARTING", "READY", "CONNECTED", "STOPPING", "STOPPED"]
 
