@@ -8,7 +8,6 @@ notebook. Debian's Chromium is driven headless by Playwright.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -21,21 +20,6 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 from tests.server_helpers import JupyterServer, jupyter_server, start_cluster
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def testbed_user() -> str:
-    if os.environ.get("JSR_TESTBED") != "1":
-        pytest.fail("run in the testbed: scripts/testbed exec -- python -m pytest tests_browser")
-    return os.environ["JSR_USER"]
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    """``test-artifacts/`` at the repository root (screenshots)."""
-    path = REPO / "test-artifacts"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 @pytest.fixture(scope="module")
