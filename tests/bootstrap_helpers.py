@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ SBATCH_TEMPLATE = """#!/bin/bash
 #SBATCH --signal=B:USR1@60
 {extra_sbatch}
 {setup}
-exec {python} {job_dir}/bootstrap head {job_dir}
+exec {python} {head}
 """
 DEFAULT_SETUP = f"source {VENV}/bin/activate"
 
@@ -75,9 +76,9 @@ class JobDir:
     extra_sbatch: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, nodes: int = 1, **settings: Any) -> JobDir:
+    def create(cls, nodes: int = 1, parent: Path = JOBS_ROOT, **settings: Any) -> JobDir:
         cluster_id = "t" + uuid.uuid4().hex[:10]
-        path = JOBS_ROOT / cluster_id
+        path = parent / cluster_id
         as_user("sh", "-c", 'umask 077; mkdir -p "$1"', "sh", str(path))
         config = {
             "cluster_id": cluster_id,
@@ -101,7 +102,7 @@ class JobDir:
         for name, text in bootstrap_files().items():  # what the client ships
             write_as_user(path / "bootstrap" / name, text, 0o600)
         write_as_user(path / "ray_token", secrets.token_hex(32) + "\n", 0o600)
-        write_as_user(path / "lease", "0\n", 0o600)
+        job.lease(lease_json(time.time()))  # the owner is alive
         write_as_user(path / "bootstrap.json", json.dumps(config, indent=1), 0o600)
         return job
 
@@ -113,7 +114,9 @@ class JobDir:
         extra_sbatch: list[str] | None = None,
         setup: str = DEFAULT_SETUP,
         python: str = str(VENV_PYTHON),
+        head: str | None = None,
     ) -> str:
+        """sbatch as the user; head: what python runs instead of `JOB_DIR/bootstrap head …`."""
         script = SBATCH_TEMPLATE.format(
             nodes=self.settings["nodes"],
             cpus=cpus,
@@ -122,6 +125,7 @@ class JobDir:
             extra_sbatch="\n".join(f"#SBATCH {line}" for line in extra_sbatch or []),
             setup=setup,
             python=python,
+            head=head or f"{self.path}/bootstrap head {self.path}",
         )
         write_as_user(self.path / "job.sbatch", script, 0o700)
         self.submitted_at = time.monotonic()
@@ -197,6 +201,12 @@ class JobDir:
         return found
 
 
+def lease_json(t: float, seq: int = 1, renew_every: float = 10.0) -> str:
+    """A lease as the owner writes it, renewed at t (the owner's time.time())."""
+    lease = {"pid": 4242, "host": "login", "seq": seq, "t": t, "renew_every": renew_every}
+    return json.dumps(lease)
+
+
 def user_uid(user: str = USER) -> int:
     return pwd.getpwnam(user).pw_uid
 
@@ -252,6 +262,35 @@ def wait_no_processes(markers: list[str], timeout: float) -> float:
         time.sleep(0.2)
 
 
+def cancel_leftovers(jobs: list[JobDir]) -> None:
+    """Cancel whatever of jobs still runs and wait until Slurm forgot it."""
+    running = [job.job_id for job in jobs if job.job_id and job_state(job.job_id)]
+    scancel(*running)
+    for job_id in running:
+        wait_until_gone(job_id, 30)
+
+
+def cancel_and_check_cleanup(job: JobDir, lock_dir: str | None = None) -> float:
+    """scancel, then: job gone, `stopped` event, no process of the cluster on any node."""
+    started = time.monotonic()
+    scancel(job.job_id)
+    wait_until_gone(job.job_id, 15)
+    job.wait_for_event(lambda e: e["event"] == "stopped", 5, fail_on_error=False)
+    assert_cleaned_up(job, lock_dir)
+    return time.monotonic() - started
+
+
+def assert_cleaned_up(job: JobDir, lock_dir: str | None = None) -> None:
+    """No process, port claim or temp dir of the cluster left, every worker stopped itself."""
+    wait_no_processes(job.markers(), 10)
+    assert not [c for c in claims(lock_dir) if c.get("job_id") == job.job_id]
+    events = job.events()
+    workers = {e["host"] for e in events if e["event"] == "worker_starting"}
+    assert workers <= {e["host"] for e in events if e["event"] == "worker_stopped"}
+    temp_dirs = [e["temp_dir"] for e in events if e.get("temp_dir")]
+    assert temp_dirs and not [t for t in temp_dirs if Path(t).exists()]
+
+
 CLIENT_PROGRAM = """
 import json, socket, sys, time
 import ray
@@ -301,13 +340,21 @@ def run_ray_client(job: JobDir, timeout: float = 150.0) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def claims(lock_dir: str = "/tmp/jupyter-slurm-ray-ports") -> list[dict[str, Any]]:
+def claims(lock_dir: str | None = None) -> list[dict[str, Any]]:
+    """The port claims in lock_dir (by default the user's private one) that are JSON objects.
+
+    Plain files only: another user may plant a FIFO (reading it would wait forever).
+    """
     found = []
-    for path in Path(lock_dir).glob("*.claim"):
+    for path in Path(lock_dir or f"/tmp/jsr-{user_uid()}/ports").glob("*.claim"):
         try:
-            found.append(json.loads(path.read_text()))
+            if not stat.S_ISREG(path.lstat().st_mode):
+                continue
+            claim = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if isinstance(claim, dict):
+            found.append(claim)
     return found
 
 
@@ -316,13 +363,13 @@ def in_node(node: int, *argv: str, user: str = USER) -> list[str]:
     return ["nsenter", f"--net={NODE_NETNS.format(node)}", "runuser", "-u", user, "--", *argv]
 
 
-def python_listener(port: int) -> list[str]:
+def python_listener(port: int, host: str = "") -> list[str]:
     code = (
         "import socket, sys, time\n"
-        "s = socket.socket(); s.bind(('', int(sys.argv[1]))); s.listen()\n"
+        "s = socket.socket(); s.bind((sys.argv[2], int(sys.argv[1]))); s.listen()\n"
         "print('listening', flush=True); time.sleep(600)\n"
     )
-    return ["/usr/bin/python3", "-c", code, str(port)]
+    return ["/usr/bin/python3", "-c", code, str(port), host]
 
 
 def log(message: str) -> None:

@@ -19,7 +19,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,8 +29,12 @@ from jupyter_slurm_ray.shipping import bootstrap_files
 
 from .bootstrap_helpers import (
     BOOTSTRAP_DIR,
+    DEFAULT_SETUP,
     JobDir,
+    assert_cleaned_up,
     bootstrap_module,
+    cancel_and_check_cleanup,
+    cancel_leftovers,
     claims,
     in_node,
     job_state,
@@ -39,7 +43,6 @@ from .bootstrap_helpers import (
     python_listener,
     run_ray_client,
     scancel,
-    wait_no_processes,
     wait_until_gone,
 )
 
@@ -50,7 +53,7 @@ portblock = bootstrap_module("portblock")
 nodeaddr = bootstrap_module("nodeaddr")
 rayargs = bootstrap_module("rayargs")
 dashapi = bootstrap_module("dashapi")
-workerrun = bootstrap_module("workerrun")
+workerstep = bootstrap_module("workerstep")
 BootstrapError, Config = jsr_base.BootstrapError, jsr_base.Config
 
 # ------------------------------------------------------------------------ pure helpers
@@ -74,6 +77,7 @@ sys.stdin.read()  # hold the claims until the test closes stdin
 
 def test_concurrent_claims_get_disjoint_blocks(tmp_path: Path) -> None:
     lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
     module_dir = str(BOOTSTRAP_DIR)
     children = [
         subprocess.Popen(
@@ -105,8 +109,9 @@ def test_concurrent_claims_get_disjoint_blocks(tmp_path: Path) -> None:
     assert claims(str(lock_dir)) == []
 
 
-def test_lock_dir_is_shared_whatever_the_umask(tmp_path: Path) -> None:
-    lock_dir = tmp_path / "a" / "locks"
+def test_configured_lock_dir_gets_a_lock_and_claims_others_can_read(tmp_path: Path) -> None:
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
     old = os.umask(0o077)
     try:
         block = portblock.claim_port_block(
@@ -115,8 +120,9 @@ def test_lock_dir_is_shared_whatever_the_umask(tmp_path: Path) -> None:
         )  # fmt: skip
     finally:
         os.umask(old)
-    assert oct(lock_dir.stat().st_mode & 0o7777) == oct(0o1777)
-    assert oct((lock_dir / "lock").stat().st_mode & 0o777) == oct(0o666)
+    assert oct((lock_dir / "lock").stat().st_mode & 0o777) == oct(0o644)
+    assert block.claim_file is not None and block.claim_file.parent == lock_dir
+    assert oct(block.claim_file.stat().st_mode & 0o777) == oct(0o644)
     assert (
         block.ports["gcs"] == block.start and block.ports["dashboard_metrics"] == block.start + 10
     )
@@ -192,9 +198,9 @@ def test_allocation_sizing() -> None:
     assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
     assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}) == 0
     assert rayargs.visible_gpus({}) == 0
-    assert workerrun.worker_step_cpus({"SLURM_JOB_CPUS_PER_NODE": "2(x3)"}) == 2
-    assert workerrun.worker_step_cpus({"SLURM_JOB_CPUS_PER_NODE": "8,4(x2),6"}) == 4
-    assert workerrun.worker_step_cpus({}) is None
+    assert workerstep.worker_step_cpus({"SLURM_JOB_CPUS_PER_NODE": "2(x3)"}) == 2
+    assert workerstep.worker_step_cpus({"SLURM_JOB_CPUS_PER_NODE": "8,4(x2),6"}) == 4
+    assert workerstep.worker_step_cpus({}) is None
     mib = 1024 * 1024
     assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_NODE": "1000"}, 2) == 300 * mib
     assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_CPU": "100"}, 2) == 80 * mib
@@ -286,31 +292,7 @@ def jobs(testbed) -> Iterator[list[JobDir]]:
     """Job dirs a test submits; whatever still runs afterwards is cancelled."""
     created: list[JobDir] = []
     yield created
-    running = [job.job_id for job in created if job.job_id and job_state(job.job_id)]
-    scancel(*running)
-    for job_id in running:
-        wait_until_gone(job_id, 30)
-
-
-def cancel_and_check_cleanup(job: JobDir) -> float:
-    """scancel, then: job gone, `stopped` event, no process of the cluster on any node."""
-    started = time.monotonic()
-    scancel(job.job_id)
-    wait_until_gone(job.job_id, 15)
-    job.wait_for_event(lambda e: e["event"] == "stopped", 5, fail_on_error=False)
-    assert_cleaned_up(job)
-    return time.monotonic() - started
-
-
-def assert_cleaned_up(job: JobDir) -> None:
-    """No process, port claim or temp dir of the cluster left, every worker stopped itself."""
-    wait_no_processes(job.markers(), 10)
-    assert not [c for c in claims() if c["job_id"] == job.job_id]
-    events = job.events()
-    workers = {e["host"] for e in events if e["event"] == "worker_starting"}
-    assert workers <= {e["host"] for e in events if e["event"] == "worker_stopped"}
-    temp_dirs = [e["temp_dir"] for e in events if e.get("temp_dir")]
-    assert temp_dirs and not [t for t in temp_dirs if Path(t).exists()]
+    cancel_leftovers(created)
 
 
 def log_ready_time(what: str, job: JobDir) -> None:
@@ -500,26 +482,45 @@ def pids_of(marker: str, program: str) -> list[int]:
     return [pid for pid, cmd in processes_matching([marker]) if program in cmd.split(" ")[0]]
 
 
+def nodes_event(joined: int, after: float) -> Callable[[dict], bool]:
+    return lambda e: e["event"] == "nodes" and e["t"] >= after and e["joined"] == joined
+
+
 @pytest.mark.testbed
 @pytest.mark.ray
-def test_lost_worker_and_dead_head_are_reported(jobs: list[JobDir]) -> None:
-    job = JobDir.create(nodes=2)
+def test_each_lost_worker_and_a_dead_head_are_reported(jobs: list[JobDir]) -> None:
+    job = JobDir.create(nodes=3)
     jobs.append(job)
-    job.submit()
+    # a job submitted with a list of names: srun would pass on only those without --export=ALL
+    probe = "JSR_SETUP_PROBE=from-the-batch-shell"
+    job.submit(extra_sbatch=["--export=PATH,HOME,USER"], setup=f"{DEFAULT_SETUP}; export {probe}")
     connection = job.wait_ready(90)
-    worker = next(e for e in job.events() if e["event"] == "worker_starting")
+    starts = {e["host"]: e for e in job.events() if e["event"] == "worker_starting"}  # last
+    workers = [starts[host] for host in sorted(starts)]
     head = next(e for e in job.events() if e.get("phase") == "head_starting")
+    everyone = sorted(n["host"] for n in connection["nodes"])
+    for worker in workers:  # the environment the setup lines built reached the workers
+        raylets = pids_of(worker["temp_dir"], "raylet")
+        assert raylets and probe.encode() in Path(f"/proc/{raylets[0]}/environ").read_bytes()
 
-    for pid in pids_of(worker["temp_dir"], "raylet"):  # this test's own cluster, by pid
-        os.kill(pid, signal.SIGKILL)
-    lost = job.wait_for_event(lambda e: e["event"] == "node_lost", 30)
-    assert lost["hosts"] == [worker["host"]]
-    assert lost["log"], lost
-    job.wait_for_event(lambda e: e["event"] == "nodes" and e["t"] > lost["t"], 60)
-    assert [e["joined"] for e in job.events() if e["event"] == "nodes"][-1] == 1
-    assert len([e for e in job.events() if e["event"] == "node_lost"]) == 1
+    for left, worker in enumerate(workers, start=1):  # one loss, then a second one
+        for pid in pids_of(worker["temp_dir"], "raylet"):  # this test's own cluster, by pid
+            os.kill(pid, signal.SIGKILL)
+        lost = job.wait_for_event(
+            lambda e, host=worker["host"]: e["event"] == "node_lost" and e["hosts"] == [host], 45
+        )
+        assert lost["log"], lost
+        assert lost["reason"] in (
+            f"1 node(s) left the cluster: {worker['host']}",  # seen by the head's state API
+            "the worker step (srun) exited with status 1: no Ray worker nodes left",  # the last
+        )
+        assert (lost["joined"], lost["wanted"]) == (3 - left, 3)
+        alive = [h for h in everyone if h not in {w["host"] for w in workers[:left]}]
+        # the head's state API may see the loss only after the worker step ended
+        nodes = job.wait_for_event(nodes_event(joined=3 - left, after=lost["t"] - 1), 45)
+        assert (nodes["joined"], nodes["wanted"], nodes["hosts"]) == (3 - left, 3, alive)
+    assert len([e for e in job.events() if e["event"] == "node_lost"]) == 2
     assert job_state(job.job_id) == "RUNNING"
-    assert connection["node_count"] == 2
 
     for pid in pids_of(head["temp_dir"], "gcs_server"):
         os.kill(pid, signal.SIGKILL)

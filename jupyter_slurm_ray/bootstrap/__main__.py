@@ -18,12 +18,42 @@ before ``sbatch``:
     bootstrap.json   settings (see Config)          ray_token   token (RAY_AUTH_TOKEN_PATH)
     lease            rewritten by the owner          detached    optional: ignore the lease
 
+The owner rewrites ``lease`` every renew_every s with one JSON object {"pid", "host", "seq",
+"t" (its time.time()), "renew_every"} (older owners: "PID COUNTER"). Before anything starts,
+a "t" older than idle_timeout (or none) and no change within min(idle_timeout,
+2 * renew_every + 3) s mean the owner is gone: nothing is started. Once started, the cluster
+stops when the lease did not change for idle_timeout s (this node's clock).
+
 and this program writes:
 
     events.jsonl     one JSON object per line, appended: phase, nodes, ready, error, ...
     head.json        the head's address and ports, for the workers (atomic)
     connection.json  what a client needs to connect, once every node joined (atomic, 0600)
     logs/ray-head-<host>.log, logs/ray-worker-<host>.log, logs/srun-workers.log
+
+Every event line has t (time.time()), event, host and role (head|worker); then:
+
+    phase                phase=bootstrap|ports|head_starting|workers_starting|head_up|
+                         waiting_for_nodes|ready|stopping|stopped, with its details
+    owner_gone           reason, lease_age (s or null): the owner's lease was stale before
+                         anything started; the job ends (exit 0) without starting Ray
+    port_lock_unavailable  reason: the node's port lock or claim files could not be used
+                         (not a plain file, held too long, no lock dir); ports are still
+                         probed by binding, the start goes on
+    ports_retry          ports, port_names, reason, attempt, attempts, log: a port of the
+                         node's block was taken after the probe; Ray starts again on another
+    nodes                joined, wanted, hosts: the set of alive nodes changed
+    node_lost            hosts, reason, joined, wanted, log: nodes left after ready
+    worker_starting / worker_joined / worker_retry / worker_stopped   (role worker)
+    ready                gcs_address, node_count, elapsed
+    walltime_warning, lease_stale (idle_timeout), error (reason, log), stopped
+                         (reason, exit_code, killed)
+
+Before reading bootstrap.json, the job dir and each parent must belong to this user or root
+and be writable by no one else (root's sticky dirs such as /tmp excepted), else: error.
+Ports are claimed under a lock in bootstrap.json's lock_dir (a real directory; the site's or
+user's choice), else in /tmp/jupyter-slurm-ray-ports if root provides it (owned by root,
+sticky), else in the private /tmp/jsr-<uid>/ports; only believable claims are honoured.
 
 Only the standard library is used; Ray is driven through its ``ray`` command, since the
 cluster's Python may not have the ray package. ``ray stop`` is never used (it kills every Ray

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from dashapi import Dashboard, port_open
-from jsr_base import LOG_LINES, BootstrapError, job_id, tail, write_json_atomic
-from jsr_events import EventTail, LeaseWatch
+from jsr_base import BootstrapError, job_id, write_json_atomic
+from jsr_events import EventTail, LeaseWatch, owner_gone
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
-from procgroups import stop_processes
-from rayargs import plan_node, ray_versions, require_command
-from workerrun import start_worker_step
+from nodewatch import NodeWatch
+from portconflict import PortConflict
+from rayargs import ray_versions, require_command
+from workerstep import WorkerStep
 
 WATCH_PERIOD = 2.0  # node-count poll period once ready (s)
 
@@ -30,41 +28,62 @@ class HeadRun(NodeRun):
 
     def __init__(self, job_dir: Path) -> None:
         super().__init__(job_dir)
-        self.worker_step: subprocess.Popen[bytes] | None = None
+        self.worker_step = WorkerStep(self.logs)
         self.tail = EventTail(job_dir / "events.jsonl")
-        self.hosts: dict[str, str] = {}
-        self.joined: list[str] = []
+        self.nodes = NodeWatch(0, self.events.emit, self.worker_step.log_lines)
         self.lease = LeaseWatch(job_dir, 0.0)
         self.worker_step_reported = False
-        self.lost: set[str] = set()
 
     def main(self) -> str:
         self.events.phase("bootstrap", job_id=job_id(), pid=os.getpid(), python=sys.executable)
+        config = self.load_config()
         for stale in ("connection.json", "head.json"):
             with contextlib.suppress(OSError):
                 (self.job_dir / stale).unlink()
-        ray = self.setup()
-        assert self.config is not None
-        self.lease = LeaseWatch(self.job_dir, float(self.config.idle_timeout))
+        idle_timeout = float(config.idle_timeout)
+        gone = owner_gone(self.job_dir, idle_timeout, lambda: self.flags.stop is not None)
+        if gone:
+            self.events.emit("owner_gone", **gone)
+            return "owner_gone"
+        if self.flags.stop:
+            return f"signal {self.flags.stop}"
+        ray = self.find_ray()
+        self.nodes.wanted = self.wanted
+        self.lease = LeaseWatch(self.job_dir, idle_timeout)
         srun = (
             require_command("srun", "it starts Ray on the other nodes") if self.wanted > 1 else ""
         )
-        self.plan = plan_node(self.config, slurmctld_address())
-        self.events.phase("ports", ports=self.plan.block.ports)
-        self.hosts[self.plan.ip] = self.plan.host
-        self.write_head_json()
-        self.events.phase("head_starting", head_ip=self.plan.ip, temp_dir=str(self.plan.temp_dir))
-        self.start_ray(self.plan.head_argv(ray, self.config), f"ray-head-{self.plan.host}.log")
+        toward = slurmctld_address()
+        self.start_head(ray, toward)
         if self.wanted > 1:
             self.events.phase("workers_starting", workers=self.wanted - 1)
-            self.worker_step = start_worker_step(srun, self.job_dir, self.wanted - 1)
+            self.worker_step.start(srun, self.job_dir, self.wanted - 1)
         versions = ray_versions(ray)
-        dashboard = Dashboard(self.plan.ip, self.plan.block.ports["dashboard"], self.token())
-        stop = self.wait_until_ready(dashboard)
+        while True:
+            assert self.plan is not None
+            dashboard = Dashboard(self.plan.ip, self.plan.block.ports["dashboard"], self.token())
+            try:
+                stop = self.wait_until_ready(dashboard)
+                break
+            except PortConflict as conflict:
+                with contextlib.suppress(OSError):  # the workers wait for the new one
+                    (self.job_dir / "head.json").unlink()
+                self.give_up_ports(conflict)
+                self.start_head(ray, toward)
         if stop:
             return stop
         self.write_connection(versions)
         return self.supervise(dashboard)
+
+    def start_head(self, ray: str, toward: str | None) -> None:
+        """Claim ports, tell the workers where the head is, and start `ray start --head`."""
+        assert self.config is not None
+        plan = self.plan_node(toward)
+        self.events.phase("ports", ports=plan.block.ports)
+        self.nodes.hosts[plan.ip] = plan.host
+        self.write_head_json()
+        self.events.phase("head_starting", head_ip=plan.ip, temp_dir=str(plan.temp_dir))
+        self.start_ray(plan.head_argv(ray, self.config), f"ray-head-{plan.host}.log")
 
     @property
     def wanted(self) -> int:
@@ -73,13 +92,9 @@ class HeadRun(NodeRun):
 
     def write_head_json(self) -> None:
         assert self.plan is not None and self.config is not None
-        ports = self.plan.block.ports
-        head = {
-            "cluster_id": self.config.cluster_id,
-            "job_id": job_id(),
-            "head_host": self.plan.host,
-        }
-        head.update(head_ip=self.plan.ip, gcs_port=ports["gcs"], dashboard_port=ports["dashboard"])
+        ports, plan = self.plan.block.ports, self.plan
+        head = {"cluster_id": self.config.cluster_id, "job_id": job_id(), "head_host": plan.host}
+        head.update(head_ip=plan.ip, gcs_port=ports["gcs"], dashboard_port=ports["dashboard"])
         write_json_atomic(self.job_dir / "head.json", head)
 
     # ----- checks shared by the start and the supervision loops
@@ -100,6 +115,7 @@ class HeadRun(NodeRun):
         assert self.ray is not None
         code = self.ray.exit_code()
         if code is not None:
+            self.check_ports()  # its last words may name a taken port
             raise BootstrapError(f"`ray start --head` exited with status {code}", self.ray.tail())
 
     def read_worker_events(self, ready: bool) -> None:
@@ -107,20 +123,10 @@ class HeadRun(NodeRun):
             if event.get("role") != "worker":
                 continue
             if event.get("ip") and event.get("host"):
-                self.hosts[str(event["ip"])] = str(event["host"])
+                self.nodes.hosts[str(event["ip"])] = str(event["host"])
             if event.get("event") == "error" and not ready:
                 reason = f"the worker on {event.get('host')} failed: {event.get('reason')}"
                 raise BootstrapError(reason, list(event.get("log") or []))
-
-    def worker_logs(self, hosts: Iterable[str] | None = None) -> list[str]:
-        paths = sorted(self.logs.glob("ray-worker-*.log"))
-        if hosts is not None:
-            paths = [self.logs / f"ray-worker-{host}.log" for host in hosts]
-        lines = [line for path in paths for line in tail(path, 10)]
-        return (lines + tail(self.logs / "srun-workers.log", 10))[-LOG_LINES:]
-
-    def worker_step_exit(self) -> int | None:
-        return self.worker_step.poll() if self.worker_step else None
 
     # ----- start
 
@@ -130,6 +136,7 @@ class HeadRun(NodeRun):
         head_up = False
         while True:
             self.read_worker_events(ready=False)
+            self.check_ports()
             self.check_head_alive()
             self.check_worker_step_before_ready()
             stop = self.stop_requested()
@@ -143,7 +150,7 @@ class HeadRun(NodeRun):
                     head_up = True
                     self.events.phase("head_up", dashboard_port=self.plan.block.ports["dashboard"])
                     self.events.phase("waiting_for_nodes", joined=len(alive), wanted=self.wanted)
-                self.note_nodes(alive)
+                self.nodes.note(alive)
                 if len(alive) >= self.wanted and port_open(
                     self.plan.ip, self.plan.block.ports["client"]
                 ):
@@ -151,14 +158,14 @@ class HeadRun(NodeRun):
             time.sleep(API_PERIOD)
 
     def check_worker_step_before_ready(self) -> None:
-        code = self.worker_step_exit()
+        code = self.worker_step.exit_code()
         if code is None:
             return
         time.sleep(0.2)
         self.read_worker_events(ready=False)
         raise BootstrapError(
             f"the worker step (srun) exited with status {code} before all nodes joined",
-            self.worker_logs(),
+            self.worker_step.log_lines(),
         )
 
     def start_timeout_error(self, head_up: bool) -> BootstrapError:
@@ -170,22 +177,17 @@ class HeadRun(NodeRun):
                 f"the Ray dashboard at {dash} did not answer within start_timeout ({timeout} s)"
             )
             return BootstrapError(reason, self.ray.tail())
-        missing = sorted(set(self.hosts.values()) - {self.hosts.get(ip) for ip in self.joined})
+        missing = self.nodes.missing()
         reason = (
-            f"only {len(self.joined)} of {self.wanted} nodes joined within start_timeout "
+            f"only {len(self.nodes.joined)} of {self.wanted} nodes joined within start_timeout "
             f"({timeout} s)" + (f"; not joined: {', '.join(missing)}" if missing else "")
         )
-        return BootstrapError(reason, self.worker_logs())
-
-    def note_nodes(self, alive: list[str]) -> None:
-        if len(alive) != len(self.joined):
-            self.events.emit("nodes", joined=len(alive), wanted=self.wanted)
-        self.joined = alive
+        return BootstrapError(reason, self.worker_step.log_lines())
 
     def write_connection(self, versions: tuple[str | None, str | None]) -> None:
         assert self.plan is not None and self.config is not None
         ports = self.plan.block.ports
-        nodes = [{"host": self.hosts.get(ip, ip), "ip": ip} for ip in self.joined]
+        nodes = [{"host": self.nodes.host(ip), "ip": ip} for ip in self.nodes.joined]
         connection = {
             "cluster_id": self.config.cluster_id,
             "job_id": job_id(),
@@ -197,14 +199,14 @@ class HeadRun(NodeRun):
             "ports": ports,
             "ray_version": versions[0],
             "python_version": versions[1],
-            "node_count": len(self.joined),
+            "node_count": len(nodes),
             "nodes": nodes,
             "temp_dir": str(self.plan.temp_dir),
             "ready_at": time.time(),
         }
         write_json_atomic(self.job_dir / "connection.json", connection)
         elapsed = round(time.monotonic() - self.started, 2)
-        self.events.phase("ready", joined=len(self.joined), wanted=self.wanted)
+        self.events.phase("ready", joined=len(nodes), wanted=self.wanted)
         self.events.emit(
             "ready", gcs_address=connection["gcs_address"], node_count=len(nodes), elapsed=elapsed
         )
@@ -224,47 +226,27 @@ class HeadRun(NodeRun):
                 next_poll = time.monotonic() + WATCH_PERIOD
                 alive = dashboard.alive_nodes()
                 if alive is not None:
-                    self.check_lost_nodes(alive)
+                    self.nodes.check_lost(alive)
             time.sleep(TICK)
 
     def check_worker_step_after_ready(self) -> None:
         assert self.plan is not None
-        code = self.worker_step_exit()
+        code = self.worker_step.exit_code()
         if code is None or self.worker_step_reported:
             return
         self.worker_step_reported = True
-        hosts = sorted(set(self.hosts.values()) - {self.hosts.get(self.plan.ip)} - self.lost)
-        self.lost.update(hosts)
+        workers = set(self.nodes.hosts.values()) - {self.plan.host} - self.nodes.lost
         reason = f"the worker step (srun) exited with status {code}: no Ray worker nodes left"
-        self.events.emit("node_lost", reason=reason, hosts=hosts, log=self.worker_logs(hosts))
-
-    def check_lost_nodes(self, alive: list[str]) -> None:
-        """A node that left the cluster and was not reported yet becomes a node_lost event."""
-        left = sorted(set(self.joined) - set(alive))
-        self.note_nodes(alive)
-        hosts = [self.hosts.get(ip, ip) for ip in left if self.hosts.get(ip, ip) not in self.lost]
-        if hosts:
-            self.lost.update(hosts)
-            reason = f"{len(hosts)} node(s) left the cluster: {', '.join(hosts)}"
-            self.events.emit("node_lost", reason=reason, hosts=hosts, log=self.worker_logs(hosts))
+        if workers:
+            self.nodes.report_lost(sorted(workers), reason)
 
     def finish(self, reason: str, code: int) -> None:
         self.events.phase("stopping", reason=reason)
         step_deadline = time.monotonic() + KILL_GRACE + 1.0
-        if self.worker_step and self.worker_step.poll() is None:
-            self.worker_step.send_signal(signal.SIGUSR2)  # srun forwards it to the workers
+        self.worker_step.ask_to_stop()
         self.stop()
-        self.stop_worker_step(step_deadline)
+        self.worker_step.stop(step_deadline)
         with contextlib.suppress(OSError):
             (self.job_dir / "head.json").unlink()
         self.events.phase("stopped", reason=reason)
         self.events.emit("stopped", reason=reason, exit_code=code, killed=len(self.killed))
-
-    def stop_worker_step(self, deadline: float) -> None:
-        """Give the workers time to stop their own Ray, then kill the step if still there."""
-        if self.worker_step is None:
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.worker_step.wait(max(0.0, deadline - time.monotonic()))
-        stop_processes([self.worker_step.pid], [], time.monotonic() + 0.5)
-        self.worker_step.poll()

@@ -1,4 +1,10 @@
-"""The job dir files the bootstrap talks through: events.jsonl and the owner's lease."""
+"""The job dir files the bootstrap talks through: events.jsonl and the owner's lease.
+
+The owner (a notebook kernel) rewrites ``lease`` every renew_every s with one JSON object
+``{"pid", "host", "seq", "t" (its time.time()), "renew_every"}``; older owners write
+``"PID COUNTER"``. Only a change of content, seen on this node's own clock, proves the owner
+alive; ``t`` lets a job that waited in the queue see at once that its owner left long ago.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +33,8 @@ class EventLog:
 
     def emit(self, event: str, **extra: Any) -> None:
         record = {"t": time.time(), "event": event, "host": self.host, "role": self.role, **extra}
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        fd = os.open(self.path, flags, 0o600)
         try:
             os.write(fd, (json.dumps(record, default=str) + "\n").encode())
         finally:
@@ -87,3 +96,77 @@ class LeaseWatch:
             self.content, self.changed_at = content, now
             return False
         return now - self.changed_at > self.idle_timeout
+
+
+@dataclass
+class Lease:
+    """What the lease file says: when the owner last renewed it (its clock) and how often."""
+
+    content: bytes | None
+    t: float | None = None
+    renew_every: float | None = None
+
+    @classmethod
+    def read(cls, path: Path) -> Lease:
+        try:
+            content = path.read_bytes()
+        except OSError:
+            return cls(None)
+        try:
+            data = json.loads(content)
+        except ValueError:
+            return cls(content)  # "PID COUNTER": the old format, no time in it
+        if not isinstance(data, dict):
+            return cls(content)
+        return cls(content, number(data.get("t")), number(data.get("renew_every")))
+
+
+def number(value: object) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value == value
+    return float(value) if ok else None  # type: ignore[arg-type]
+
+
+def duration(seconds: float) -> str:
+    """3:12:05, or 42 s."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def owner_gone(
+    job_dir: Path, idle_timeout: float, stopped: Callable[[], bool]
+) -> dict[str, Any] | None:
+    """Before anything starts: the owner_gone event's fields if the owner left, else None.
+
+    Fresh when the lease was renewed within idle_timeout (owner's clock). Otherwise wait up
+    to min(idle_timeout, 2 * renew_every + 3) s for its content to change (this node's
+    clock). Returns None at once when detached, without a timeout, or when `stopped()`.
+    """
+    if idle_timeout <= 0 or (job_dir / "detached").exists():
+        return None
+    path = job_dir / "lease"
+    lease = Lease.read(path)
+    age = time.time() - lease.t if lease.t is not None else None
+    if age is not None and age <= idle_timeout:
+        return None
+    renew_every = lease.renew_every or min(10.0, idle_timeout / 4)
+    wait = min(idle_timeout, 2 * renew_every + 3)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not stopped():
+        time.sleep(0.25)
+        if Lease.read(path).content != lease.content or (job_dir / "detached").exists():
+            return None
+    if stopped():
+        return None
+    if age is not None:
+        last = f"was last renewed {duration(age)} ago"
+    elif lease.content is None:
+        last = f"is missing and did not appear within {wait:.0f} s"
+    else:
+        last = f"has no renewal time and did not change within {wait:.0f} s"
+    reason = (
+        f"the owner's lease {last} (idle_timeout {idle_timeout:g} s): "
+        "the owner is gone, Ray was not started"
+    )
+    return {"reason": reason, "lease_age": None if age is None else round(age, 1)}

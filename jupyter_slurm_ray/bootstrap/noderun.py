@@ -11,12 +11,15 @@ from pathlib import Path
 
 from jsr_base import BootstrapError, Config
 from jsr_events import EventLog
+from portconflict import ConflictScan, PortConflict
 from procgroups import RayProcess, stop_processes
-from rayargs import NodePlan, ray_environment, require_command
+from rayargs import NodePlan, plan_node, ray_environment, require_command
+from trust import check_job_dir
 
 TICK = 0.25  # main loop period (s)
 API_PERIOD = 0.5  # readiness poll period (s)
 KILL_GRACE = 2.0  # SIGTERM -> SIGKILL
+PORT_ATTEMPTS = 3  # port blocks tried in all when `ray start` finds a port taken
 
 
 class SignalFlags:
@@ -58,20 +61,37 @@ class NodeRun:
         self.exit_code = 0
         self.exit_log: list[str] = []
         self.killed: list[str] = []
+        self.scan: ConflictScan | None = None
+        self.given_up: list[tuple[int, int]] = []  # port blocks left after a conflict
 
     @property
     def deadline(self) -> float:
         assert self.config is not None
         return self.started + float(self.config.start_timeout)
 
-    def setup(self) -> str:
-        """Settings, log dir, and the `ray` command; fails fast when ray is missing."""
+    def load_config(self) -> Config:
+        """The settings, once the job dir proved that only this user (or root) can change it."""
+        check_job_dir(self.job_dir)
         self.config = Config.load(self.job_dir / "bootstrap.json")
+        return self.config
+
+    def find_ray(self) -> str:
+        """The log dir and the `ray` command; fails fast when ray is missing."""
         self.logs.mkdir(mode=0o700, exist_ok=True)
         return require_command(
             "ray",
             "the job's setup lines must activate an environment that has ray[default] installed",
         )
+
+    def plan_node(self, toward: str | None) -> NodePlan:
+        """Claim a port block (not one given up before) and plan this node's `ray start`."""
+        assert self.config is not None
+
+        def lock_unavailable(reason: str) -> None:
+            self.events.emit("port_lock_unavailable", reason=reason)
+
+        self.plan = plan_node(self.config, toward, lock_unavailable, tuple(self.given_up))
+        return self.plan
 
     def token(self) -> str:
         try:
@@ -82,8 +102,43 @@ class NodeRun:
     def start_ray(self, argv: list[str], log_name: str) -> RayProcess:
         assert self.plan is not None and self.config is not None
         env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
-        self.ray = RayProcess(argv, env, self.logs / log_name)
+        log_path = self.logs / log_name
+        self.scan = ConflictScan(
+            self.plan.block, log_path, self.plan.temp_dir / "session_latest" / "logs"
+        )
+        self.ray = RayProcess(argv, env, log_path)
         return self.ray
+
+    def check_ports(self) -> None:
+        """While Ray starts: raise PortConflict if one of its ports was taken after the probe."""
+        conflict = self.scan.check() if self.scan else None
+        if conflict:
+            raise conflict
+
+    def give_up_ports(self, conflict: PortConflict) -> None:
+        """Stop this node's Ray and leave its port block; BootstrapError if no block is left."""
+        assert self.plan is not None and self.config is not None
+        block = self.plan.block
+        self.given_up.append((block.start, block.size))
+        if self.config.port_strategy == "fixed":
+            raise BootstrapError(
+                f"{conflict.reason}; port_strategy fixed has no other ports: choose another "
+                f"fixed_port_base than {block.start} or use port_strategy random",
+                conflict.log,
+            )
+        if len(self.given_up) >= PORT_ATTEMPTS:
+            reason = f"{conflict.reason} ({PORT_ATTEMPTS} port blocks tried)"
+            raise BootstrapError(reason, conflict.log)
+        self.events.emit(
+            "ports_retry",
+            ports=conflict.ports,
+            port_names=conflict.names,
+            reason=conflict.reason,
+            attempt=len(self.given_up) + 1,
+            attempts=PORT_ATTEMPTS,
+            log=conflict.log,
+        )
+        self.stop()
 
     def stop(self) -> None:
         """Stop this node's Ray session (and leftovers naming its temp dir) within KILL_GRACE."""
@@ -94,6 +149,7 @@ class NodeRun:
             print(f"[bootstrap] SIGKILL needed for: {self.killed}", file=sys.stderr, flush=True)
         if self.ray:
             self.ray.exit_code()  # reap
+        self.ray, self.scan = None, None
         if self.plan:
             self.plan.block.release()
             shutil.rmtree(self.plan.temp_dir, ignore_errors=True)

@@ -1,22 +1,17 @@
-"""Node-wide claims of consecutive free port blocks, under a lock shared by all users."""
+"""Consecutive free port blocks for one node: probed by binding, recorded as claims."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import random
-import secrets
 import socket
-import stat
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jsr_base import BootstrapError, short_hostname
+from portlock import LOCK_WAIT, Notify, live_claims, lock_dir_for, port_lock, write_claim
 
 PORT_NAMES = (
     "gcs",
@@ -31,7 +26,6 @@ PORT_NAMES = (
     "autoscaler_metrics",
     "dashboard_metrics",
 )
-DEFAULT_LOCK_DIR = "/tmp/jupyter-slurm-ray-ports"
 
 
 @dataclass
@@ -87,81 +81,6 @@ def first_busy_port(start: int, size: int) -> int | None:
     return next((p for p in range(start, start + size) if not port_is_free(p)), None)
 
 
-def process_start_time(pid: int) -> int | None:
-    """Start time of a live (non-zombie) process in clock ticks, None if there is none."""
-    try:
-        after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if after_name[0] in ("Z", "X") else int(after_name[19])
-
-
-def claim_is_live(claim: dict[str, Any]) -> bool:
-    started = process_start_time(int(claim.get("pid", 0)))
-    return started is not None and claim.get("pid_start") in (None, started)
-
-
-def ensure_shared_dir(path: Path) -> None:
-    """A directory every user can create files in, like /tmp (mode 1777 regardless of umask)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o1777)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise BootstrapError(f"the port lock dir {path} is not a directory")
-    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != 0o1777:
-        os.chmod(path, 0o1777)
-
-
-@contextlib.contextmanager
-def port_lock(lock_dir: Path, timeout: float = 30.0) -> Iterator[None]:
-    """Exclusive flock on lock_dir/lock, shared by all users of the node."""
-    ensure_shared_dir(lock_dir)
-    fd = os.open(lock_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    try:
-        if os.fstat(fd).st_uid == os.getuid():
-            os.fchmod(fd, 0o666)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise BootstrapError(f"the port lock {lock_dir}/lock stayed busy") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)
-
-
-def live_claims(lock_dir: Path) -> list[dict[str, Any]]:
-    """Claims of live processes; stale claim files are removed where permitted."""
-    claims = []
-    for path in lock_dir.glob("*.claim"):
-        try:
-            claim = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if claim_is_live(claim):
-            claims.append(claim)
-        else:
-            with contextlib.suppress(OSError):
-                path.unlink()
-    return claims
-
-
-def write_claim(lock_dir: Path, start: int, size: int, job: str) -> PortBlock:
-    pid = os.getpid()
-    claim = {"start": start, "size": size, "job_id": job, "pid": pid, "host": short_hostname()}
-    claim.update(pid_start=process_start_time(pid), uid=os.getuid(), t=time.time())
-    path = lock_dir / f"{start}-{pid}-{secrets.token_hex(3)}.claim"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(claim, handle)
-    return PortBlock(start, size, path)
-
-
 def candidate_starts(
     port_range: tuple[int, int], size: int, taken: list[dict[str, Any]]
 ) -> list[int]:
@@ -177,7 +96,10 @@ def candidate_starts(
 
 
 def check_fixed_block(start: int, size: int, taken: list[dict[str, Any]]) -> None:
+    """This user's claims and the bind probe decide (any user can write a claim file)."""
     for claim in taken:
+        if claim["uid"] != os.getuid():
+            continue
         if ranges_overlap(start, size, claim["start"], claim["size"]):
             raise BootstrapError(
                 f"ports {start}-{start + size - 1} overlap ports claimed by job "
@@ -191,28 +113,60 @@ def check_fixed_block(start: int, size: int, taken: list[dict[str, Any]]) -> Non
         )
 
 
+def free_block_start(
+    size: int,
+    port_range: tuple[int, int],
+    taken: list[dict[str, Any]],
+    attempts: int,
+    rng: random.Random,
+) -> int | None:
+    """A random block start whose ports all bind; other users' claims are ignored if needed.
+
+    Their claims are believed first; when they leave no free block (a hostile user can
+    write a claim as easily as a real one), only this user's claims and the probe decide.
+    """
+    mine = [claim for claim in taken if claim["uid"] == os.getuid()]
+    for believed in (taken, mine) if len(mine) < len(taken) else (taken,):
+        starts = candidate_starts(port_range, size, believed)
+        for start in rng.sample(starts, min(attempts, len(starts))):
+            if first_busy_port(start, size) is None:
+                return start
+    return None
+
+
 def claim_port_block(
     size: int,
     *,
     strategy: str,
     port_range: tuple[int, int],
     fixed_base: int | None,
-    lock_dir: Path,
+    lock_dir: str | Path | None,
     job: str,
+    notify: Notify | None = None,
+    avoid: tuple[tuple[int, int], ...] = (),
+    lock_wait: float = LOCK_WAIT,
     attempts: int = 64,
     rng: random.Random | None = None,
 ) -> PortBlock:
-    """Claim `size` consecutive free ports under the node-wide lock; release() removes the claim."""
-    with port_lock(lock_dir):
-        taken = live_claims(lock_dir)
+    """Claim `size` consecutive free ports on this node; release() removes the claim.
+
+    lock_dir: the configured one, or None for automatic (see portlock.lock_dir_for).
+    notify(reason) is told when the lock or the claims cannot be used (never fatal).
+    avoid: (start, size) of blocks given up before, treated as claimed.
+    """
+    say = notify or (lambda _reason: None)
+    directory = lock_dir_for(lock_dir, say)
+    with port_lock(directory, say, lock_wait):
+        taken = live_claims(directory)
+        taken += [{"start": s, "size": n, "uid": os.getuid(), "job_id": job} for s, n in avoid]
         if strategy == "fixed":
             assert fixed_base is not None
             check_fixed_block(fixed_base, size, taken)
-            return write_claim(lock_dir, fixed_base, size, job)
-        starts = candidate_starts(port_range, size, taken)
-        for start in (rng or random.Random()).sample(starts, min(attempts, len(starts))):
-            if first_busy_port(start, size) is None:
-                return write_claim(lock_dir, start, size, job)
+            start: int | None = fixed_base
+        else:
+            start = free_block_start(size, port_range, taken, attempts, rng or random.Random())
+        if start is not None:
+            return PortBlock(start, size, write_claim(directory, start, size, job, say))
     low, high = port_range
     raise BootstrapError(
         f"no free block of {size} consecutive ports in {low}-{high} on {short_hostname()} "

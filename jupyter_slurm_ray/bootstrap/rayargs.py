@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
-import stat
 import tempfile
 import zlib
 from dataclasses import dataclass
@@ -16,7 +14,9 @@ from pathlib import Path
 
 from jsr_base import NODE_RESOURCE, BootstrapError, Config, job_id, run_text, short_hostname
 from nodeaddr import node_address
-from portblock import DEFAULT_LOCK_DIR, PORT_NAMES, PortBlock, claim_port_block
+from portblock import PORT_NAMES, PortBlock, claim_port_block
+from portlock import Notify
+from trust import private_dir
 
 MAX_TEMP_DIR = 43  # Ray's unix socket paths below it must stay within 107 bytes
 MIB = 1024 * 1024
@@ -60,18 +60,6 @@ def object_store_bytes(configured: int | None, env: dict[str, str], cpus: int) -
         return int(configured)
     memory_mb = job_memory_mb(env, cpus) or 2048
     return max(80 * MIB, min(2048 * MIB, int(memory_mb * MIB * 0.3)))
-
-
-def private_dir(path: Path) -> Path:
-    """path as a directory only this user can enter (refuses one owned by someone else)."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise BootstrapError(f"{path} exists and is not a directory of this user")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-    return path
 
 
 def node_temp_dir(job: str, host: str) -> Path:
@@ -143,16 +131,26 @@ class NodePlan:
         ]  # fmt: skip
 
 
-def plan_node(config: Config, toward: str | None) -> NodePlan:
-    """Claim this node's ports, find its address, and size it from the allocation."""
+def plan_node(
+    config: Config,
+    toward: str | None,
+    notify: Notify | None = None,
+    avoid: tuple[tuple[int, int], ...] = (),
+) -> NodePlan:
+    """Claim this node's ports, find its address, and size it from the allocation.
+
+    notify(reason): the port lock or claims could not be used; avoid: blocks given up before.
+    """
     size = len(PORT_NAMES) + max(0, int(config.worker_ports))
     block = claim_port_block(
         size,
         strategy=config.port_strategy,
         port_range=config.port_range,
         fixed_base=config.fixed_port_base,
-        lock_dir=Path(config.lock_dir or DEFAULT_LOCK_DIR),
+        lock_dir=config.lock_dir,
         job=job_id(),
+        notify=notify,
+        avoid=avoid,
     )
     try:
         ip = node_address(config, toward)

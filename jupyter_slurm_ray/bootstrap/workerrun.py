@@ -1,53 +1,32 @@
-"""The worker step: how the head starts it with srun, and what each of its tasks does."""
+"""One task of the worker step: join the head from this node, follow it if it moves, stop."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from dashapi import Dashboard, port_open
-from jsr_base import BootstrapError, RayExitedEarly, short_hostname
-from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
-from procgroups import RayProcess, die_with_parent, stop_processes
-from rayargs import plan_node
+from jsr_base import BootstrapError, RayExitedEarly
+from noderun import API_PERIOD, TICK, NodeRun
+from portconflict import PortConflict
+from procgroups import RayProcess
 
 RETRY_MIN_TIME = 20.0  # a worker retries `ray start` once if this much start time is left
+HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
 
 
-def worker_step_cpus(env: dict[str, str]) -> int | None:
-    """The fewest CPUs the job has on a worker node (SLURM_JOB_CPUS_PER_NODE, head first)."""
-    counts: list[int] = []
-    for item in env.get("SLURM_JOB_CPUS_PER_NODE", "").split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
-        if match:
-            counts += [int(match.group(1))] * int(match.group(2) or 1)
-    workers = counts[1:] or counts
-    return min(workers) if workers else None
+class HeadMoved(Exception):
+    """The head started again on other ports (some of its first ones were taken)."""
+
+    def __init__(self, head: dict[str, Any]) -> None:
+        super().__init__(gcs_address(head))
+        self.head = head
 
 
-def start_worker_step(srun: str, job_dir: Path, workers: int) -> subprocess.Popen[bytes]:
-    """One srun step with one bootstrap worker task on every node but this one."""
-    argv = [
-        srun, "--overlap", f"--nodes={workers}", f"--ntasks={workers}", "--ntasks-per-node=1",
-        f"--exclude={os.environ.get('SLURMD_NODENAME', short_hostname())}",
-        "--kill-on-bad-exit=0",
-    ]  # fmt: skip
-    cpus = worker_step_cpus(dict(os.environ))
-    if cpus:
-        argv.append(f"--cpus-per-task={cpus}")
-    argv += [sys.executable, str(job_dir / "bootstrap"), "worker", str(job_dir)]
-    with open(job_dir / "logs" / "srun-workers.log", "ab") as log:
-        return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
+def gcs_address(head: dict[str, Any]) -> str:
+    return f"{head['head_ip']}:{head['gcs_port']}"
 
 
 class WorkerRun(NodeRun):
@@ -56,47 +35,74 @@ class WorkerRun(NodeRun):
     role = "worker"
 
     def main(self) -> str:
-        ray = self.setup()
-        assert self.config is not None
+        self.load_config()
+        ray = self.find_ray()
         head = self.read_head_json()
-        self.plan = plan_node(self.config, head["head_ip"])
-        head_address = f"{head['head_ip']}:{head['gcs_port']}"
+        self.plan_node(head["head_ip"])
+        retried_early = False
+        while True:
+            try:
+                return self.join(ray, head)
+            except HeadMoved as moved:
+                reason = f"the head moved to {moved} (ports of its first block were taken)"
+                self.events.emit("worker_retry", reason=reason)
+                head = moved.head
+                self.stop()
+            except PortConflict as conflict:
+                self.give_up_ports(conflict)
+            except RayExitedEarly as exc:
+                if retried_early or self.deadline - time.monotonic() < RETRY_MIN_TIME:
+                    raise
+                retried_early = True
+                self.events.emit("worker_retry", reason=exc.reason, log=exc.log)
+                self.stop()
+            self.plan_node(head["head_ip"])
+
+    def join(self, ray: str, head: dict[str, Any]) -> str:
+        """Start Ray toward the head, wait until it joined, then stay until asked to stop."""
+        assert self.plan is not None and self.config is not None
+        address = gcs_address(head)
         self.events.emit(
             "worker_starting",
             ip=self.plan.ip,
             ports=self.plan.block.ports,
-            head=head_address,
+            head=address,
             temp_dir=str(self.plan.temp_dir),
         )
-        if not self.wait_for_gcs(head["head_ip"], int(head["gcs_port"])):
+        if not self.wait_for_gcs(head):
             return f"signal {self.flags.stop}"
-        argv = self.plan.worker_argv(ray, self.config, head_address)
+        argv = self.plan.worker_argv(ray, self.config, address)
+        process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
         dashboard = Dashboard(head["head_ip"], int(head["dashboard_port"]), self.token())
-        stop: str | None = None
-        for attempt in (1, 2):
-            process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
-            try:
-                stop = self.wait_until_joined(process, dashboard, head_address)
-                break
-            except RayExitedEarly as exc:
-                if attempt == 2 or self.deadline - time.monotonic() < RETRY_MIN_TIME:
-                    raise
-                self.events.emit("worker_retry", reason=exc.reason, log=exc.log)
-                stop_processes([process.pid], [], time.monotonic() + KILL_GRACE)
+        stop = self.wait_until_joined(process, dashboard, head)
         if stop:
             return stop
-        self.events.emit("worker_joined", ip=self.plan.ip)
+        self.events.emit("worker_joined", ip=self.plan.ip, head=address)
+        next_check = time.monotonic() + HEAD_CHECK
         while not self.flags.stop:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + HEAD_CHECK
+                self.check_head_moved(head)
             code = process.exit_code()
             if code is not None:  # after joining: the head reports node_lost
+                self.check_head_moved(head)
                 self.exit_code, self.exit_log = 1, process.tail()
                 return f"`ray start` exited with status {code}"
             time.sleep(TICK)
         return f"signal {self.flags.stop}"
 
-    def wait_for_gcs(self, ip: str, port: int) -> bool:
+    def check_head_moved(self, head: dict[str, Any]) -> None:
+        """HeadMoved if head.json now names another GCS address (a missing file is no move)."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            now = json.loads((self.job_dir / "head.json").read_text())
+            if gcs_address(now) != gcs_address(head):
+                raise HeadMoved(now)
+
+    def wait_for_gcs(self, head: dict[str, Any]) -> bool:
         """Start Ray once the head's GCS listens: each failed join attempt costs ~5 s."""
+        ip, port = head["head_ip"], int(head["gcs_port"])
         while not self.flags.stop:
+            self.check_head_moved(head)
             if port_open(ip, port):
                 return True
             if time.monotonic() > self.deadline:
@@ -113,19 +119,22 @@ class WorkerRun(NodeRun):
         raise BootstrapError(f"the head's address file {path} is missing")
 
     def wait_until_joined(
-        self, process: RayProcess, dashboard: Dashboard, head_address: str
+        self, process: RayProcess, dashboard: Dashboard, head: dict[str, Any]
     ) -> str | None:
         assert self.plan is not None
+        address = gcs_address(head)
         while not self.flags.stop:
+            self.check_ports()
             code = process.exit_code()
             if code is not None:
-                reason = f"`ray start` exited with status {code} before joining {head_address}"
+                self.check_ports()  # its last words may name a taken port
+                self.check_head_moved(head)
+                reason = f"`ray start` exited with status {code} before joining {address}"
                 raise RayExitedEarly(f"{reason} from {self.plan.host}", process.tail())
             if time.monotonic() > self.deadline:
-                reason = (
-                    f"{self.plan.host} did not join the head at {head_address} within start_timeout"
-                )
+                reason = f"{self.plan.host} did not join the head at {address} within start_timeout"
                 raise BootstrapError(reason, process.tail())
+            self.check_head_moved(head)
             if self.plan.ip in (dashboard.alive_nodes() or []):
                 return None
             time.sleep(API_PERIOD)

@@ -1,0 +1,102 @@
+"""What the bootstrap may trust on a shared node: the job dir's path, private dirs, plain files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from jsr_base import BootstrapError
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def path_problem(path: Path, uid: int) -> str | None:
+    """Why path (absolute, symlinks resolved) could be changed by another user, or None.
+
+    The directory and each parent up to / must belong to uid or root and be writable by
+    neither group nor others, except root's sticky directories such as /tmp.
+    """
+    for directory in (path, *path.parents):
+        try:
+            info = os.stat(directory)
+        except OSError as exc:
+            return f"{directory} cannot be checked: {exc.strerror}"
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (uid, 0):
+            return f"{directory} belongs to uid {info.st_uid}, not to this user (uid {uid}) or root"
+        if mode & 0o022 and not (info.st_uid == 0 and mode & stat.S_ISVTX):
+            who = (
+                "group and others"
+                if mode & 0o022 == 0o022
+                else "group"
+                if mode & 0o020
+                else "others"
+            )
+            return f"{directory} is writable by {who} (mode {mode:04o})"
+    return None
+
+
+def check_job_dir(job_dir: Path) -> None:
+    problem = path_problem(job_dir, os.getuid())
+    if problem:
+        raise BootstrapError(
+            f"the job dir {job_dir} is not safe to run from: {problem}; "
+            "nothing was started (use a job dir only you can change)"
+        )
+
+
+def private_dir(path: Path) -> Path:
+    """path as a directory only this user can enter (refuses one owned by someone else)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise BootstrapError(f"{path} exists and is not a directory of this user")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def real_dir(path: Path) -> os.stat_result:
+    """lstat of a directory that is not a symlink, or BootstrapError saying what it is."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise BootstrapError(f"{path} cannot be used: {exc.strerror}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        raise BootstrapError(f"{path} is {kind}")
+    return info
+
+
+def open_regular(path: Path, create: bool = False) -> int:
+    """A read-only fd on a plain file: no symlink followed, no FIFO waited on (OSError if not).
+
+    With create, a missing file is made 0644 (others can open and flock it read-only).
+    """
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            fd = os.open(path, READ_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o644)
+        except FileExistsError:  # made meanwhile by someone else
+            fd = os.open(path, READ_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
+def read_regular(path: Path, limit: int = 4096) -> tuple[bytes, os.stat_result]:
+    """The first limit bytes of a plain file and its fstat (OSError for anything else)."""
+    fd = open_regular(path)
+    try:
+        return os.read(fd, limit), os.fstat(fd)
+    finally:
+        os.close(fd)

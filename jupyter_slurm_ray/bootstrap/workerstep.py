@@ -1,0 +1,84 @@
+"""The srun step that runs the workers, seen from the head: its command, exit, logs, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from jsr_base import LOG_LINES, short_hostname, tail
+from procgroups import die_with_parent, stop_processes
+
+
+def worker_step_cpus(env: dict[str, str]) -> int | None:
+    """The fewest CPUs the job has on a worker node (SLURM_JOB_CPUS_PER_NODE, head first)."""
+    counts: list[int] = []
+    for item in env.get("SLURM_JOB_CPUS_PER_NODE", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if match:
+            counts += [int(match.group(1))] * int(match.group(2) or 1)
+    workers = counts[1:] or counts
+    return min(workers) if workers else None
+
+
+def worker_step_argv(srun: str, job_dir: Path, workers: int, env: dict[str, str]) -> list[str]:
+    """One srun step with one bootstrap worker task on every node but this one.
+
+    --export=ALL: a job submitted with --export=NAME,... has SLURM_EXPORT_ENV set, and srun
+    would pass on only those names instead of what the setup lines built in the batch shell.
+    """
+    argv = [
+        srun, "--overlap", f"--nodes={workers}", f"--ntasks={workers}", "--ntasks-per-node=1",
+        f"--exclude={env.get('SLURMD_NODENAME', short_hostname())}",
+        "--kill-on-bad-exit=0", "--export=ALL",
+    ]  # fmt: skip
+    cpus = worker_step_cpus(env)
+    if cpus:
+        argv.append(f"--cpus-per-task={cpus}")
+    return [*argv, sys.executable, str(job_dir / "bootstrap"), "worker", str(job_dir)]
+
+
+class WorkerStep:
+    """The running srun step (None until started) and the logs its workers write."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, srun: str, job_dir: Path, workers: int) -> None:
+        argv = worker_step_argv(srun, job_dir, workers, dict(os.environ))
+        with open(self.logs / "srun-workers.log", "ab") as log:
+            self.popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )  # fmt: skip
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll() if self.popen else None
+
+    def log_lines(self, hosts: Iterable[str] | None = None) -> list[str]:
+        """The last lines of the workers' `ray start` logs (of hosts, or all) and of srun."""
+        paths = sorted(self.logs.glob("ray-worker-*.log"))
+        if hosts is not None:
+            paths = [self.logs / f"ray-worker-{host}.log" for host in hosts]
+        lines = [line for path in paths for line in tail(path, 10)]
+        return (lines + tail(self.logs / "srun-workers.log", 10))[-LOG_LINES:]
+
+    def ask_to_stop(self) -> None:
+        if self.popen and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGUSR2)  # srun forwards it to the workers
+
+    def stop(self, deadline: float) -> None:
+        """Give the workers time to stop their own Ray, then kill the step if still there."""
+        if self.popen is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(max(0.0, deadline - time.monotonic()))
+        stop_processes([self.popen.pid], [], time.monotonic() + 0.5)
+        self.popen.poll()

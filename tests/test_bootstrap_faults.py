@@ -1,0 +1,650 @@
+"""The bootstrap when things go wrong: a gone owner, an unsafe job dir, a hostile second user on
+the node (lock dir, lock, claims, ports), a port taken between the probe and `ray start`.
+
+Pure checks first (run as root in the login namespace), then real jobs on the testbed as alice
+with bob as the other user of the node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .bootstrap_helpers import (
+    JOBS_ROOT,
+    NODE_NETNS,
+    JobDir,
+    as_user,
+    bootstrap_module,
+    cancel_and_check_cleanup,
+    cancel_leftovers,
+    claims,
+    job_state,
+    lease_json,
+    log,
+    user_uid,
+    wait_until_gone,
+    write_as_user,
+)
+from .clusters import processes_of
+
+jsr_events = bootstrap_module("jsr_events")
+trust = bootstrap_module("trust")
+portlock = bootstrap_module("portlock")
+portblock = bootstrap_module("portblock")
+portconflict = bootstrap_module("portconflict")
+nodewatch = bootstrap_module("nodewatch")
+workerstep = bootstrap_module("workerstep")
+
+SHARED = Path("/tmp/jupyter-slurm-ray-ports")
+BOB = "bob"
+NODE3_IP = "10.200.0.13"
+
+
+def uid_of(user: str) -> int:
+    return pwd.getpwnam(user).pw_uid
+
+
+# ------------------------------------------------------------------ pure checks
+
+
+def test_job_dir_must_be_changeable_only_by_its_user_or_root(tmp_path: Path) -> None:
+    bob = uid_of(BOB)
+    job = tmp_path / "parent" / "job"
+    job.mkdir(parents=True)
+    assert trust.path_problem(job, 0) is None
+    assert trust.path_problem(job, bob) is None  # root's dirs are fine for anyone
+    os.chmod(job.parent, 0o775)
+    assert trust.path_problem(job, 0) == f"{job.parent} is writable by group (mode 0775)"
+    os.chmod(job.parent, 0o1777)  # root's sticky dir, like /tmp
+    assert trust.path_problem(job, 0) is None
+    os.chown(job.parent, bob, bob)
+    assert trust.path_problem(job, 0) == (
+        f"{job.parent} belongs to uid {bob}, not to this user (uid 0) or root"
+    )
+    os.chown(job.parent, 0, 0)
+    os.chmod(job, 0o707)
+    assert trust.path_problem(job, 0) == f"{job} is writable by others (mode 0707)"
+
+
+def write_lease(path: Path, text: str) -> None:
+    (path / "lease").write_text(text)
+
+
+def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path) -> None:
+    never = lambda: False  # noqa: E731
+    write_lease(tmp_path, lease_json(time.time() - 5))
+    started = time.monotonic()
+    assert jsr_events.owner_gone(tmp_path, 60, never) is None
+    assert time.monotonic() - started < 0.1  # fresh: no waiting
+
+    write_lease(tmp_path, lease_json(time.time() - 3 * 3600 - 5, renew_every=0.2))
+    started = time.monotonic()
+    gone = jsr_events.owner_gone(tmp_path, 60, never)
+    assert 3.3 <= time.monotonic() - started < 4.5  # 2 * renew_every + 3
+    assert gone["reason"] == (
+        "the owner's lease was last renewed 3:00:05 ago (idle_timeout 60 s): "
+        "the owner is gone, Ray was not started"
+    )
+    assert 3 * 3600 < gone["lease_age"] < 3 * 3600 + 7
+
+    write_lease(tmp_path, "4242 17\n")  # the old format has no time: only a change tells
+    gone = jsr_events.owner_gone(tmp_path, 1.0, never)
+    assert gone["lease_age"] is None and "has no renewal time" in gone["reason"]
+    (tmp_path / "lease").unlink()
+    assert "is missing" in jsr_events.owner_gone(tmp_path, 1.0, never)["reason"]
+
+    write_lease(tmp_path, "4242 17\n")
+    renewer = threading.Timer(0.5, write_lease, (tmp_path, "4242 18\n"))
+    renewer.start()
+    assert jsr_events.owner_gone(tmp_path, 2.0, never) is None  # it changed: alive
+    renewer.join()
+    assert jsr_events.owner_gone(tmp_path, 1.0, lambda: True) is None  # scancel meanwhile
+    assert jsr_events.owner_gone(tmp_path, 0, never) is None  # no idle_timeout
+    (tmp_path / "detached").touch()
+    assert jsr_events.owner_gone(tmp_path, 1.0, never) is None
+
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_port_lock_is_never_fatal_nor_endless(tmp_path: Path) -> None:
+    reasons: list[str] = []
+    os.mkfifo(tmp_path / "lock")  # a FIFO: opening it must not wait for a writer
+    started = time.monotonic()
+    with portlock.port_lock(tmp_path, reasons.append, wait=5) as held:
+        assert not held
+    assert time.monotonic() - started < 1
+    assert (
+        reasons[-1]
+        == f"cannot open the port lock {tmp_path}/lock: {tmp_path}/lock is not a regular file"
+    )
+    (tmp_path / "lock").unlink()
+    (tmp_path / "lock").symlink_to("/etc/passwd")
+    with portlock.port_lock(tmp_path, reasons.append) as held:
+        assert not held
+    assert "Too many levels of symbolic links" in reasons[-1]
+    (tmp_path / "lock").unlink()
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        with portlock.port_lock(tmp_path, reasons.append, wait=0.5) as held:
+            assert not held
+        assert 0.5 <= time.monotonic() - started < 1.5
+        assert reasons[-1] == (
+            f"the port lock {tmp_path}/lock stayed locked for 0.5 s by pid {holder.pid} "
+            "(uid 0); going on without it (every port is still probed)"
+        )
+    finally:
+        holder.communicate("", timeout=10)
+    with portlock.port_lock(tmp_path, reasons.append, wait=0.5) as held:
+        assert held
+    assert oct((tmp_path / "lock").stat().st_mode & 0o777) == oct(0o644)
+
+
+def plant(directory: Path, name: str, content: object, owner: int = 0) -> Path:
+    path = directory / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    os.chown(path, owner, owner)
+    return path
+
+
+@pytest.fixture
+def bob_sleeper() -> Iterator[int]:
+    """A live process of bob's (setpriv execs, so its pid is the sleeper's)."""
+    bob = uid_of(BOB)
+    sleeper = subprocess.Popen(
+        ["setpriv", f"--reuid={bob}", f"--regid={bob}", "--init-groups", "sleep", "60"]
+    )
+    yield sleeper.pid
+    sleeper.kill()
+    sleeper.wait(5)
+
+
+def test_only_believable_claims_count(tmp_path: Path, bob_sleeper: int) -> None:
+    bob, me = uid_of(BOB), os.getpid()
+    claim = {"start": 21000, "size": 27, "job_id": "j", "pid": me, "uid": 0}
+    plant(tmp_path, "mine.claim", claim)
+    plant(tmp_path, "stale-mine.claim", {**claim, "pid": 2**22 + 1})
+    plant(tmp_path, "stale-bob.claim", {**claim, "pid": 2**22 + 1, "uid": bob}, bob)
+    plant(tmp_path, "bob.claim", {**claim, "start": 22000, "pid": bob_sleeper, "uid": bob}, bob)
+    plant(tmp_path, "bob-says-root.claim", {**claim, "start": 23000}, bob)  # file owner != uid
+    plant(tmp_path, "bob-with-my-pid.claim", {**claim, "start": 24000, "uid": bob}, bob)
+    plant(tmp_path, "garbage.claim", "{not json")
+    plant(tmp_path, "list.claim", [1, 2])
+    plant(tmp_path, "bool.claim", {**claim, "start": True})
+    plant(tmp_path, "low.claim", {**claim, "start": 80})
+    plant(tmp_path, "huge.claim", {**claim, "size": 60000})
+    plant(tmp_path, "big.claim", "x" * 10_000_000)
+    os.mkfifo(tmp_path / "fifo.claim")
+    (tmp_path / "link.claim").symlink_to(tmp_path / "mine.claim")
+    (tmp_path / "dir.claim").mkdir()
+    started = time.monotonic()
+    believed = portlock.live_claims(tmp_path)
+    assert time.monotonic() - started < 1
+    assert sorted(c["start"] for c in believed) == [21000, 22000]
+    assert not (tmp_path / "stale-mine.claim").exists()  # only this user's stale claims go
+    assert (tmp_path / "stale-bob.claim").exists()
+
+
+def test_other_users_claims_cannot_block_the_range(tmp_path: Path, bob_sleeper: int) -> None:
+    bob = uid_of(BOB)
+    everything = {"start": 21000, "size": 200, "job_id": "b", "pid": bob_sleeper, "uid": bob}
+    plant(tmp_path, "bob.claim", everything, bob)
+    block = portblock.claim_port_block(
+        27, strategy="random", port_range=(21000, 21199), fixed_base=None,
+        lock_dir=tmp_path, job="mine",
+    )  # fmt: skip
+    assert 21000 <= block.start <= 21199 - 26  # the bind probe decided
+    block.release()
+    plant(tmp_path, "mine.claim", {**everything, "pid": os.getpid(), "uid": 0})
+    with pytest.raises(portblock.BootstrapError, match="no free block of 27"):
+        portblock.claim_port_block(
+            27, strategy="random", port_range=(21000, 21199), fixed_base=None,
+            lock_dir=tmp_path, job="mine",
+        )  # fmt: skip
+
+
+@pytest.fixture
+def private_lock_dir() -> Iterator[Path]:
+    """This user's private lock dir, removed afterwards if the test made it."""
+    path = Path(f"/tmp/jsr-{os.getuid()}/ports")
+    existed = path.exists()
+    yield path
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_lock_dir_choice(tmp_path: Path, monkeypatch, private_lock_dir: Path) -> None:
+    reasons: list[str] = []
+    shared = tmp_path / "shared"
+    monkeypatch.setattr(portlock, "SHARED_LOCK_DIR", shared)
+    private = private_lock_dir
+    assert portlock.lock_dir_for(None, reasons.append) == private  # no site dir
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    assert portlock.lock_dir_for(None, reasons.append) == private  # not sticky
+    os.chmod(shared, 0o1777)
+    assert portlock.lock_dir_for(None, reasons.append) == shared  # root's, sticky
+    os.chown(shared, uid_of(BOB), uid_of(BOB))
+    assert portlock.lock_dir_for(None, reasons.append) == private  # someone else's
+    assert oct(private.stat().st_mode & 0o7777) == oct(0o700)
+    assert reasons == []
+    (tmp_path / "link").symlink_to(shared)
+    assert portlock.lock_dir_for(tmp_path / "link", reasons.append) == private
+    assert reasons == [
+        f"the configured lock_dir cannot be used: {tmp_path}/link is a symlink; using a private one"
+    ]
+    assert portlock.lock_dir_for(str(shared), reasons.append) == shared  # configured: as it is
+
+
+# What Ray 2.60 logs when a port of the block is held by another process (measured).
+RAY_260_LINES = {
+    "gcs_server.err": (0, "[2026-12-01 00:30:54,995 C 32756 32756] (gcs_server) grpc_server.cc:134:"
+    "  An unexpected system state has occurred. Check failed: server_ Failed to start the grpc "
+    "server. The specified port is {port}. This means that Ray's core components will not"),
+    "raylet.err": (1, "[2026-12-01 00:31:47,509 C 1345 1345] (raylet) grpc_server.cc:134: Check "
+    "failed: server_ Failed to start the grpc server. The specified port is {port}."),
+    "ray-head-node1.log": (4, "ValueError: Failed to bind to 10.200.0.13:{port} because it's "
+    "already occupied. You can use `ray start --dashboard-port ...`"),
+    "ray_client_server.err": (3, "RuntimeError: Failed to bind to address 10.200.0.13:{port}; set "
+    "GRPC_VERBOSITY=debug environment variable to see detailed error message."),
+    "dashboard_agent.log": (5, "OSError: [Errno 98] error while attempting to bind on address "
+    "('10.200.0.13', {port}): address already in use"),
+    "runtime_env_agent.err": (7, "OSError: [Errno 98] Address already in use"),
+    "monitor.log": (9, "OSError: [Errno 98] Address already in use"),
+    "dashboard.log": (10, "OSError: [Errno 98] Address already in use"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("log_name", sorted(RAY_260_LINES))
+def test_a_taken_port_is_recognised_in_rays_logs(tmp_path: Path, log_name: str) -> None:
+    block = portblock.PortBlock(27100, 27)
+    ray_log, session = tmp_path / "ray-head-node1.log", tmp_path / "session"
+    session.mkdir()
+    ray_log.write_text("Failed to bind to 10.0.0.1:27104 because it's already occupied\n")
+    scan = portconflict.ConflictScan(block, ray_log, session)  # earlier attempts: not news
+    offset, line = RAY_260_LINES[log_name]
+    path = ray_log if log_name == ray_log.name else session / log_name
+    with open(path, "a") as handle:
+        handle.write("2026-12-01 00:33:03,523 INFO Starting Ray on port 27100\n")
+        assert scan.check() is None
+        handle.write(line.format(port=27100 + offset) + "\n")
+    conflict = scan.check()
+    assert conflict is not None
+    assert conflict.ports == [27100 + offset]
+    assert conflict.names == [portblock.port_name(offset)]
+    assert scan.check() is None  # read once
+
+
+def test_node_watch_reports_each_loss_and_rejoin() -> None:
+    events: list[tuple[str, dict]] = []
+    watch = nodewatch.NodeWatch(3, lambda event, **f: events.append((event, f)), lambda h: h)
+    watch.hosts = {"10.0.0.1": "node1", "10.0.0.2": "node2", "10.0.0.3": "node3"}
+    everyone = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    watch.note(everyone)
+    watch.check_lost(["10.0.0.1", "10.0.0.3"])
+    watch.check_lost(["10.0.0.1", "10.0.0.3"])  # no news
+    watch.check_lost(everyone)  # node2 back
+    watch.check_lost(["10.0.0.1", "10.0.0.2"])  # node3 lost
+    watch.check_lost(["10.0.0.1"])  # node2 lost again
+
+    def nodes(joined: int, hosts: list[str]) -> tuple[str, dict]:
+        return ("nodes", {"joined": joined, "wanted": 3, "hosts": hosts})
+
+    assert [e for e, _ in events] == [
+        "nodes", "nodes", "node_lost", "nodes", "nodes", "node_lost", "nodes", "node_lost",
+    ]  # fmt: skip
+    assert events[0] == nodes(3, ["node1", "node2", "node3"])
+    assert events[1] == nodes(2, ["node1", "node3"])
+    assert events[2] == (
+        "node_lost",
+        {
+            "reason": "1 node(s) left the cluster: node2", "hosts": ["node2"], "log": ["node2"],
+            "joined": 2, "wanted": 3,
+        },
+    )  # fmt: skip
+    assert events[3] == nodes(3, ["node1", "node2", "node3"])
+    assert events[5][1]["hosts"] == ["node3"] and events[5][1]["joined"] == 2
+    assert events[7][1]["hosts"] == ["node2"] and events[7][1]["joined"] == 1
+
+
+def test_worker_step_passes_the_whole_environment(tmp_path: Path) -> None:
+    env = {"SLURMD_NODENAME": "node1", "SLURM_JOB_CPUS_PER_NODE": "2(x3)"}
+    argv = workerstep.worker_step_argv("/usr/bin/srun", tmp_path, 2, env)
+    assert "--export=ALL" in argv and "--exclude=node1" in argv and "--cpus-per-task=2" in argv
+    assert argv[-3:] == [str(tmp_path / "bootstrap"), "worker", str(tmp_path)]
+
+
+# ------------------------------------------------------------ real jobs on the testbed
+
+
+@pytest.fixture
+def jobs(testbed) -> Iterator[list[JobDir]]:
+    """Job dirs a test submits; whatever still runs afterwards is cancelled."""
+    created: list[JobDir] = []
+    yield created
+    cancel_leftovers(created)
+
+
+def wait_gone_watching(job: JobDir, timeout: float) -> list[int]:
+    """Wait until the job left the queue; the cluster's processes seen meanwhile."""
+    seen: set[int] = set()
+    started = time.monotonic()
+    while job_state(job.job_id):
+        seen.update(processes_of(str(job.path)))
+        assert time.monotonic() - started < timeout, job.diagnostics()
+        time.sleep(0.2)
+    return sorted(seen)
+
+
+def assert_nothing_started(job: JobDir) -> None:
+    names = [e.get("phase") or e["event"] for e in job.events()]
+    assert not {"ports", "head_starting", "workers_starting"} & set(names), names
+    assert not list(job.path.glob("logs/ray-*.log"))
+    assert not [c for c in claims() if c.get("job_id") == job.job_id]
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_a_job_whose_owner_is_gone_never_starts_ray(jobs: list[JobDir]) -> None:
+    left_long_ago = JobDir.create(nodes=2, idle_timeout=300.0)
+    left_long_ago.lease(lease_json(time.time() - 3 * 3600 - 725, seq=812, renew_every=2.0))
+    old_format = JobDir.create(nodes=1, idle_timeout=8.0)
+    old_format.lease("4242 17\n")  # no time in it: 7 s without a change tell
+    jobs += [left_long_ago, old_format]
+    for job in jobs:
+        job.submit()
+    for job in jobs:
+        job.wait_started()
+        assert wait_gone_watching(job, 30) == []
+        began, stopped = job.events()[0], job.events()[-1]
+        assert (stopped["event"], stopped["reason"], stopped["exit_code"]) == (
+            "stopped", "owner_gone", 0,
+        )  # fmt: skip
+        log(f"owner gone: job start -> exit {stopped['t'] - began['t']:.1f} s")
+        assert_nothing_started(job)
+        assert job.path.joinpath(f"slurm-{job.job_id}.err").read_text().count("Traceback") == 0
+    gone = next(e for e in left_long_ago.events() if e["event"] == "owner_gone")
+    assert gone["reason"] == (
+        "the owner's lease was last renewed 3:12:05 ago (idle_timeout 300 s): "
+        "the owner is gone, Ray was not started"
+    )
+    assert 3 * 3600 + 725 <= gone["lease_age"] < 3 * 3600 + 800
+    assert 7 <= gone["t"] - left_long_ago.events()[0]["t"] < 9  # 2 * renew_every + 3
+    gone = next(e for e in old_format.events() if e["event"] == "owner_gone")
+    assert gone["lease_age"] is None and "has no renewal time" in gone["reason"]
+
+
+@pytest.fixture
+def unsafe_parents(testbed) -> Iterator[list[Path]]:
+    made: list[Path] = []
+    yield made
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.testbed
+def test_a_job_dir_others_could_change_is_refused(
+    jobs: list[JobDir], unsafe_parents: list[Path]
+) -> None:
+    group_writable = JOBS_ROOT / f"shared-{os.getpid()}"
+    as_user("sh", "-c", 'mkdir -p "$1" && chmod 0775 "$1"', "sh", str(group_writable))
+    bobs = Path(f"/tmp/jsr-test-bob-{os.getpid()}")
+    bobs.mkdir(mode=0o777)
+    os.chmod(bobs, 0o777)
+    os.chown(bobs, uid_of(BOB), uid_of(BOB))
+    unsafe_parents += [group_writable, bobs]
+    cases = {
+        group_writable: "is writable by group (mode 0775)",
+        bobs: f"belongs to uid {uid_of(BOB)}",
+    }
+    for parent in cases:
+        jobs.append(JobDir.create(nodes=2, parent=parent))
+        jobs[-1].submit()
+    for (parent, problem), job in zip(cases.items(), jobs, strict=True):
+        error = job.wait_for_event(lambda e: e["event"] == "error", 20, fail_on_error=False)
+        assert error["reason"].startswith(f"the job dir {job.path} is not safe to run from: ")
+        assert f"{parent} {problem}" in error["reason"]
+        wait_until_gone(job.job_id, 10)
+        assert job.events()[-1]["event"] == "stopped" and job.events()[-1]["exit_code"] == 1
+        assert_nothing_started(job)
+
+
+SABOTEUR = """
+import fcntl, json, os, socket, sys, time
+lock_dir, make, port, host, alice, low = sys.argv[1:7]
+if make == "make":
+    os.mkdir(lock_dir)
+    os.chmod(lock_dir, 0o777)
+fd = os.open(os.path.join(lock_dir, "lock"), os.O_RDONLY | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)  # and never let go
+def plant(name, content):
+    with open(os.path.join(lock_dir, name), "w") as handle:
+        handle.write(content if isinstance(content, str) else json.dumps(content))
+claim = {"start": int(low), "size": 10011, "job_id": "bob", "pid": os.getpid(), "uid": os.getuid()}
+plant("bob.claim", claim)  # believable and live: it covers alice's whole range
+plant("alice.claim", {**claim, "uid": int(alice), "pid": 1})  # bob's file, alice's uid
+plant("garbage.claim", "{not json")
+plant("list.claim", [1, 2])
+plant("low.claim", {**claim, "start": 80})
+plant("huge.claim", {**claim, "size": 65000})
+os.mkfifo(os.path.join(lock_dir, "fifo.claim"))
+os.symlink("/etc/shadow", os.path.join(lock_dir, "link.claim"))
+listener = socket.socket()
+listener.bind((host, int(port)))
+listener.listen()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+class Bob:
+    """bob, on node3: a lock dir, a lock he holds, bogus claims, a port in alice's range."""
+
+    def __init__(self, make_dir: bool, low: int, port: int) -> None:
+        bob = uid_of(BOB)
+        argv = [
+            "nsenter", f"--net={NODE_NETNS.format(3)}",
+            "setpriv", f"--reuid={bob}", f"--regid={bob}", "--init-groups",
+            "/usr/bin/python3", "-c", SABOTEUR, str(SHARED), "make" if make_dir else "no",
+            str(port), NODE3_IP, str(user_uid()), str(low),
+        ]  # fmt: skip
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd="/tmp")
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def leave(self) -> None:
+        self.process.terminate()
+        self.process.wait(5)
+
+
+@pytest.fixture
+def hostile_node(testbed) -> Iterator[list[Bob]]:
+    """No shared lock dir before (a leftover of older code is removed) and none after."""
+    shutil.rmtree(SHARED, ignore_errors=True)
+    started: list[Bob] = []
+    yield started
+    for bob in started:
+        if bob.process.poll() is None:
+            bob.leave()
+    shutil.rmtree(SHARED, ignore_errors=True)
+
+
+def narrow_range() -> tuple[int, int]:
+    """Three blocks of 27 ports, below the other tests' 20000-32000."""
+    low = 11000 + (os.getpid() % 300) * 27
+    return low, low + 3 * 27 - 1
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_a_hostile_user_cannot_block_nor_hijack_the_ports(
+    jobs: list[JobDir], hostile_node: list[Bob]
+) -> None:
+    low, high = narrow_range()
+    taken = low + 30  # in the middle block
+    hostile_node.append(Bob(make_dir=True, low=low, port=taken))
+    job = JobDir.create(nodes=1, port_range=[low, high])
+    jobs.append(job)
+    job.submit(extra_sbatch=["--nodelist=node3"])
+    connection = job.wait_ready(90)
+
+    ports = set(connection["ports"].values())
+    assert taken not in ports and low <= min(ports) and max(ports) <= high
+    assert connection["head_host"] == "node3"
+    assert not [e for e in job.events() if e["event"] in ("port_lock_unavailable", "ports_retry")]
+    mine = [c for c in claims() if c.get("job_id") == job.job_id]  # in alice's own lock dir
+    assert [c["start"] for c in mine] == [connection["ports"]["gcs"]]
+    assert SHARED.stat().st_uid == uid_of(BOB)
+    assert not [p for p in SHARED.iterdir() if p.owner() == "alice"]  # alice wrote nothing there
+    cancel_and_check_cleanup(job)
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
+    jobs: list[JobDir], hostile_node: list[Bob]
+) -> None:
+    low, high = narrow_range()
+    SHARED.mkdir(mode=0o1777)
+    os.chmod(SHARED, 0o1777)  # provided by the site: root's, sticky
+    hostile_node.append(Bob(make_dir=False, low=low, port=low + 30))
+    job = JobDir.create(nodes=1, port_range=[low, high])
+    jobs.append(job)
+    job.submit(extra_sbatch=["--nodelist=node3"])
+    unavailable = job.wait_for_event(lambda e: e["event"] == "port_lock_unavailable", 60)
+    hostile_node[0].leave()  # the clusters of other suites need not wait for it too
+    assert unavailable["reason"] == (
+        f"the port lock {SHARED}/lock stayed locked for 10 s by pid {hostile_node[0].process.pid} "
+        f"(uid {uid_of(BOB)}); going on without it (every port is still probed)"
+    )
+    waited = unavailable["t"] - job.events()[0]["t"]
+    log(f"held shared lock: waited {waited:.1f} s")
+    assert 10 <= waited < 12
+    ports = job.wait_for_event(lambda e: e.get("phase") == "ports", 10)
+    mine = [c for c in claims(str(SHARED)) if c.get("job_id") == job.job_id]
+    assert [c["start"] for c in mine] == [ports["ports"]["gcs"]]  # others can see alice's claim
+    claim_file = next(SHARED.glob(f"{ports['ports']['gcs']}-*.claim"))
+    assert claim_file.owner() == "alice" and claim_file.stat().st_mode & 0o777 == 0o644
+
+    connection = job.wait_ready(90)
+    ports = set(connection["ports"].values())
+    assert low + 30 not in ports and low <= min(ports) and max(ports) <= high
+    cancel_and_check_cleanup(job, str(SHARED))
+    assert not claim_file.exists()
+
+
+HEAD_PORT_THIEF = """
+import runpy, socket, sys
+job_dir = sys.argv[1]
+sys.path.insert(0, job_dir + "/bootstrap")
+sys.dont_write_bytecode = True
+import portblock
+claim = portblock.claim_port_block
+taken = []
+def claim_then_lose_the_gcs_port(*args, **kwargs):
+    block = claim(*args, **kwargs)
+    if not taken:  # someone binds the first block's GCS port right after the probe
+        thief = socket.socket()
+        thief.bind(("", block.start))
+        taken.append(thief)
+    return block
+portblock.claim_port_block = claim_then_lose_the_gcs_port
+sys.argv = ["bootstrap", "head", job_dir]
+runpy.run_path(job_dir + "/bootstrap", run_name="__main__")
+"""
+
+WORKER_PORT_THIEF = """
+import json, socket, sys, time
+events, deadline = sys.argv[1], time.time() + 240
+while time.time() < deadline:
+    found = []
+    try:
+        with open(events) as handle:
+            for line in handle:
+                try:
+                    found.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    heads = [e["ports"]["gcs"] for e in found if e.get("phase") == "ports"]
+    for event in found:  # the worker's block, once it joins the head's second block
+        if len(heads) > 1 and event["event"] == "worker_starting" and event["head"].endswith(
+            f":{heads[1]}"
+        ):
+            thief = socket.socket()
+            thief.bind(("", event["ports"]["node_manager"]))
+            thief.listen()
+            print(event["ports"]["node_manager"], flush=True)
+            sys.stdin.read()
+            sys.exit()
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_a_port_taken_after_the_probe_moves_the_node_to_another_block(
+    jobs: list[JobDir],
+) -> None:
+    job = JobDir.create(nodes=2)
+    jobs.append(job)
+    write_as_user(job.path / "thief.py", HEAD_PORT_THIEF, 0o600)
+    worker_thief = subprocess.Popen(
+        ["nsenter", f"--net={NODE_NETNS.format(2)}", sys.executable, "-c", WORKER_PORT_THIEF,
+         str(job.path / "events.jsonl")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        job.submit(extra_sbatch=["--nodelist=node1,node2"], head=f"{job.path}/thief.py {job.path}")
+        connection = job.wait_ready(120)
+        assert worker_thief.stdout is not None
+        stolen = int(worker_thief.stdout.readline())
+        log_retries(job)
+        retries = [e for e in job.events() if e["event"] == "ports_retry"]
+        firsts = [e["ports"]["gcs"] for e in job.events() if e.get("phase") == "ports"]
+        assert [(e["role"], e["ports"], e["port_names"], e["attempt"]) for e in retries] == [
+            ("head", [firsts[0]], ["gcs"], 2),
+            ("worker", [stolen], ["node_manager"], 2),
+        ]
+        log(f"port retry reasons: {[e['reason'] for e in retries]}")
+        assert retries[0]["reason"].startswith(
+            f"port {firsts[0]} (gcs) was taken after the probe (gcs_server.err: "
+        )
+        moved = [e for e in job.events() if e["event"] == "worker_retry"]
+        assert moved and moved[0]["reason"].startswith("the head moved to ")
+        assert connection["node_count"] == 2
+        assert connection["ports"]["gcs"] == firsts[1] != firsts[0]
+    finally:
+        worker_thief.communicate("", timeout=10)  # it names the job dir: gone before the check
+    cancel_and_check_cleanup(job)
+
+
+def log_retries(job: JobDir) -> None:
+    began = job.events()[0]["t"]
+    for event in job.events():
+        if event["event"] in ("ports_retry", "worker_retry", "ready"):
+            log(f"port retry: +{event['t'] - began:.1f} s {event['role']} {event['event']}")
