@@ -1,13 +1,15 @@
-"""The JupyterLab extension in a real browser: sidebar, dashboard tab, stop.
+"""The JupyterLab extension in a real browser: sidebar, sandboxed dashboard tab, stop, forget.
 
 JupyterLab runs as ``python -m jupyterlab`` (its real PID) with a token and a temporary
 settings directory; a cluster is started from Python as the testbed user, a stand-in for a
-notebook. Debian's Chromium is driven headless by Playwright.
+notebook. Debian's Chromium is driven headless by Playwright. What the server cannot be made to
+report on demand (Slurm silent, a node lost) is shown from a listing the test serves instead.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -15,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect
+from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect
 
 from tests.server_helpers import JupyterServer, jupyter_server, start_cluster
 
@@ -123,6 +125,80 @@ def test_open_dashboard_shows_every_node_alive_in_a_lab_tab(page, cluster, artif
     page.screenshot(path=str(artifacts / "labextension-dashboard.png"))
 
 
+def dashboard_frame(page: Page, cluster_id: str):
+    """The dashboard's frame (the Playwright Frame, for evaluating inside it)."""
+    element = page.locator(f"#slurm-ray-dashboard-{cluster_id} iframe").element_handle()
+    frame = element.content_frame() if element else None
+    assert frame is not None
+    return frame
+
+
+def test_the_dashboard_runs_sandboxed_without_jupyters_origin(page, lab, cluster):
+    """Its scripts cannot read the Lab page, Jupyter's cookies or use Jupyter's API."""
+    iframe = page.locator(f"#slurm-ray-dashboard-{cluster.id} iframe")
+    sandbox = iframe.get_attribute("sandbox") or ""
+    assert "allow-scripts" in sandbox and "allow-same-origin" not in sandbox, sandbox
+    assert iframe.get_attribute("referrerpolicy") == "no-referrer"
+    frame = dashboard_frame(page, cluster.id)
+    assert re.search(rf"/slurm-ray/dashboard/{cluster.id}/~[A-Za-z0-9_-]{{40,}}/", frame.url)
+    before = _contents(lab)
+    seen = frame.evaluate(
+        """async () => {
+          const seen = { origin: self.origin, cookie: document.cookie };
+          try { seen.parent = parent.document.title; } catch (e) { seen.parent = 'blocked'; }
+          for (const [name, init] of [
+            ['read', { credentials: 'include' }],
+            ['write', { method: 'POST', credentials: 'include', body: '{"type": "file"}' }]
+          ]) {
+            try {
+              const r = await fetch('/api/contents', init);
+              seen[name] = r.status;
+            } catch (e) { seen[name] = 'refused'; }
+          }
+          return seen;
+        }"""
+    )
+    assert seen == {
+        "origin": "null",
+        "cookie": "",
+        "parent": "blocked",
+        "read": "refused",
+        "write": "refused",
+    }, seen
+    assert _contents(lab) == before  # the POST created nothing
+
+
+def _contents(lab: JupyterServer) -> list[str]:
+    return sorted(item["name"] for item in lab.get("api/contents").json()["content"])
+
+
+def test_the_dashboards_jobs_page_lists_a_job(page, lab, cluster, artifacts):
+    submitted = lab.request(
+        "POST",
+        f"slurm-ray/dashboard/{cluster.id}/api/jobs/",
+        json={"entrypoint": "echo in-the-jobs-page"},
+    )
+    assert submitted.status_code == 200, submitted.text[:500]
+    submission = submitted.json()["submission_id"]
+    frame = page.frame_locator(f"#slurm-ray-dashboard-{cluster.id} iframe")
+    frame.get_by_text("Jobs", exact=True).first.click()
+    expect(frame.get_by_text(submission).first).to_be_visible(timeout=60_000)
+    page.screenshot(path=str(artifacts / "labextension-dashboard-jobs.png"))
+
+
+def test_the_dashboard_opened_in_a_browser_tab_runs_sandboxed_too(page, lab, cluster):
+    """A kernel's link opened outside JupyterLab: redirected to the sandboxed URL."""
+    tab = page.context.new_page()
+    try:
+        tab.goto(f"{lab.url}slurm-ray/dashboard/{cluster.id}/")
+        assert re.search(rf"/slurm-ray/dashboard/{cluster.id}/~[A-Za-z0-9_-]{{40,}}/$", tab.url)
+        expect(tab).to_have_title(re.compile("Ray Dashboard"))
+        expect(tab.get_by_text("Cluster", exact=True).first).to_be_visible(timeout=60_000)
+        assert tab.evaluate("self.origin") == "null"
+    finally:
+        tab.close()
+
+
 def test_a_dashboard_link_in_the_page_opens_the_lab_tab(page, cluster):
     """What the kernel-side "Open dashboard" link does inside JupyterLab."""
     tab = page.locator(f'.lm-TabBar-tab[data-id="slurm-ray-dashboard-{cluster.id}"]')
@@ -165,9 +241,80 @@ def test_the_palette_has_the_commands(page):
     items = palette.locator(".lm-CommandPalette-item")
     expect(items.first).to_be_visible()
     labels = items.all_inner_texts()
-    for label in ("Open Dashboard", "Stop Cluster", "Copy %slurm_ray attach", "Show Logs"):
+    for label in (
+        "Open Dashboard",
+        "Stop Cluster",
+        "Forget Ended Cluster",
+        "Copy %slurm_ray attach",
+        "Show Logs",
+    ):
         assert any(label in text for text in labels), labels
     page.keyboard.press("Escape")
+
+
+def test_an_unreadable_record_is_a_row_with_forget_and_the_list_keeps_working(page, root, cluster):
+    broken = root / "state" / "clusters" / "broken-0001.json"
+    broken.write_text('{"id": "broken-0001", "name": ')  # truncated
+    os.chmod(broken, 0o600)
+    open_sidebar(page)
+    page.locator(".jp-SlurmRay-refresh").click()
+    row = card(page, "broken-0001")
+    expect(row).to_contain_text("unreadable record broken-0001:", timeout=30_000)
+    expect(row.get_by_role("button")).to_have_count(1)
+    expect(row.get_by_role("button", name="Forget")).to_be_visible()
+    expect(card(page, cluster.id).locator(".jp-SlurmRay-badge")).to_have_text("READY")
+    row.get_by_role("button", name="Forget").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Forget the cluster?")
+    dialog.get_by_role("button", name="Forget").click()
+    expect(row).to_have_count(0, timeout=30_000)
+    assert not broken.exists()
+    expect(card(page, cluster.id)).to_be_visible()
+
+
+def test_slurm_silence_and_lost_nodes_are_shown(page, cluster, artifacts):
+    """From a listing the test serves: Slurm silent for 45 s, node2 lost, a hostile record."""
+    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
+    mine = next(c for c in real["clusters"] if c["id"] == cluster.id)
+    now = time.time()
+    listing = {
+        **real,
+        "reconciled_at": now,
+        "clusters": [
+            {**mine, "slurm_unreachable_since": now - 45, "nodes_lost": ["node2"]},
+            {"id": "hostile-0001", "unreadable": True, "error": "<img src=x onerror=alert(1)>"},
+        ],
+    }
+
+    def serve(route: Route) -> None:
+        if route.request.method == "GET":
+            route.fulfill(json=listing)
+        else:
+            route.fallback()
+
+    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
+    page.route(pattern, serve)
+    try:
+        open_sidebar(page)
+        page.locator(".jp-SlurmRay-refresh").click()
+        item = card(page, cluster.id)
+        silent = item.locator(".jp-SlurmRay-unreachable")
+        expect(silent).to_have_text(re.compile(r"Slurm not answering for 0:4[5-9]"))
+        expect(item.locator(".jp-SlurmRay-badge")).to_have_text("READY")  # the last known
+        expect(item.locator(".jp-SlurmRay-lost")).to_have_text("node2 lost")
+        first = silent.inner_text()
+        page.wait_for_timeout(2100)
+        assert silent.inner_text() != first  # it ticks
+        hostile = card(page, "hostile-0001")
+        expect(hostile).to_contain_text("unreadable record hostile-0001: <img src=x")
+        expect(hostile.locator("img")).to_have_count(0)  # text, never markup
+        page.locator("#jp-SlurmRay-sidebar").screenshot(
+            path=str(artifacts / "labextension-slurm-silent.png")
+        )
+    finally:
+        page.unroute(pattern)
+        page.locator(".jp-SlurmRay-refresh").click()
+    expect(card(page, "hostile-0001")).to_have_count(0)
 
 
 def test_stop_ends_the_slurm_job(page, cluster, artifacts):
@@ -190,3 +337,19 @@ def _squeue_state(job_id: str) -> str:
     return subprocess.run(
         ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False
     ).stdout.strip()
+
+
+def test_forget_removes_an_ended_cluster(page, root, cluster):
+    open_sidebar(page)
+    item = card(page, cluster.id)
+    expect(item.locator(".jp-SlurmRay-badge")).to_have_text(re.compile("STOPPED|CANCELLED"))
+    expect(item.get_by_role("button", name="Stop")).to_be_disabled()
+    item.get_by_role("button", name="Forget").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Forget the cluster?")
+    dialog.get_by_role("button", name="Forget").click()
+    expect(item).to_have_count(0, timeout=30_000)
+    assert not (root / "state" / "clusters" / f"{cluster.id}.json").exists()
+    page.locator(".jp-SlurmRay-refresh").click()
+    page.wait_for_timeout(1000)
+    expect(item).to_have_count(0)  # not back with the next listing

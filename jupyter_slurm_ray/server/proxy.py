@@ -1,4 +1,4 @@
-"""The Ray dashboard of a registered cluster, proxied behind Jupyter's own login.
+"""The Ray dashboard of a registered cluster, proxied behind Jupyter's own login, sandboxed.
 
 ``/slurm-ray/dashboard/<id>/<path>`` is a jupyter-server-proxy ``ProxyHandler`` whose target is
 looked up in the registry on every request (see ``targets.py``): the URL names a cluster, never a
@@ -6,27 +6,48 @@ host or a port. Jupyter's credentials (``Authorization``, cookies, ``?token=``, 
 are stripped before forwarding, and the cluster's Ray token is added server-side as
 ``X-Ray-Authorization``, so the browser never sees it. Websockets are proxied with the backend
 side opened without permessage-deflate: Ray's job-log tail drops compressed connections.
+
+The dashboard's own pages never run on Jupyter's origin, where their scripts could use the
+user's Jupyter session. Browsers get them from ``/slurm-ray/dashboard/<id>/~<capability>/``: the
+capability is an unguessable path segment, minted for a logged-in user (``POST
+/slurm-ray/dashboard-links/<id>``, or a redirect of a browser's navigation to the login-protected
+URL), valid in this server process only, for one cluster; it replaces Jupyter's cookie on that
+route. Its HTML is served with ``Content-Security-Policy: sandbox`` (without ``allow-same-origin``):
+an opaque origin, without Jupyter's cookies or API, whether it is shown in JupyterLab's IFrame
+or opened in a browser tab. A small script injected into those pages gives the dashboard an
+in-memory ``localStorage`` there (an opaque origin has none, and the dashboard reads it at start).
+
 Since the proxy authenticates to Ray on the user's behalf, writes (POST, PUT, …) authenticated
-by Jupyter's cookie must come from Jupyter's own origin.
+by Jupyter's login cookie must come from Jupyter's own origin; token-authenticated ones (scripts)
+need not. Set-Cookie headers of Ray never reach the browser, on any response path. A cluster that
+ended, or whose dashboard does not answer, is a 503 page saying so.
 """
 
 from __future__ import annotations
 
+import html
 import logging
 import posixpath
+import re
+import secrets
+import time
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from jupyter_server.utils import url_path_join
-from jupyter_server_proxy.handlers import ProxyHandler, RewritableResponse
+from jupyter_server.auth.decorator import allow_unauthenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.utils import origin_matches_pat, url_path_join
+from jupyter_server_proxy.handlers import AddSlashHandler, ProxyHandler, RewritableResponse
 from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
+from ..errors import SlurmRayError
 from .targets import DashboardTarget, DashboardTargets, DashboardUnavailable, UnknownCluster
 
 log = logging.getLogger(__name__)
 
 PREFIX = "slurm-ray/dashboard"
+LINKS_PREFIX = "slurm-ray/dashboard-links"
 
 # Request headers that carry Jupyter's (or the browser's) credentials or per-hop state.
 _DROPPED_REQUEST_HEADERS = (
@@ -38,21 +59,40 @@ _DROPPED_REQUEST_HEADERS = (
     "Host",
 )
 _DROPPED_QUERY_KEYS = frozenset({"token", "_xsrf"})
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_NAVIGATIONS = frozenset({"document", "iframe", "frame", "embed", "object"})
+_NOT_UP_YET = frozenset({"SUBMITTING", "PENDING", "STARTING"})
 
+#: The dashboard's pages run in an opaque origin: scripts, forms, popups and downloads, but no
+#: access to Jupyter's origin (cookies, storage, same-origin requests), nor to the parent page.
+SANDBOX_POLICY = "sandbox allow-scripts allow-forms allow-popups allow-downloads"
 
-def _only_registered_target(handler: Any, host: str) -> bool:
-    """``host_allowlist``: the one host the registry gave for this request, nothing else."""
-    target = getattr(handler, "target", None)
-    return target is not None and host == target.host
-
-
-def _drop_backend_cookies(response: RewritableResponse) -> None:
-    """Ray's dashboard cookies hold its token: they stay between the proxy and Ray."""
-    headers = httputil.HTTPHeaders()
-    for name, value in response.headers.get_all():
-        if name.lower() != "set-cookie":
-            headers.add(name, value)
-    response.headers = headers
+#: Injected first into the dashboard's HTML: where storage or cookies are refused (an opaque
+#: origin throws SecurityError on access), in-memory stand-ins, so the dashboard starts.
+_STORAGE_SHIM = """<script>(function () {
+  function memoryStorage() {
+    var data = new Map();
+    return {
+      get length() { return data.size; },
+      key: function (i) { var k = Array.from(data.keys())[i]; return k === undefined ? null : k; },
+      getItem: function (k) { k = String(k); return data.has(k) ? data.get(k) : null; },
+      setItem: function (k, v) { data.set(String(k), String(v)); },
+      removeItem: function (k) { data.delete(String(k)); },
+      clear: function () { data.clear(); }
+    };
+  }
+  ['localStorage', 'sessionStorage'].forEach(function (name) {
+    try { window[name]; } catch (e) {
+      Object.defineProperty(window, name, { value: memoryStorage(), configurable: true });
+    }
+  });
+  try { document.cookie; } catch (e) {
+    Object.defineProperty(document, 'cookie', {
+      get: function () { return ''; }, set: function () {}, configurable: true
+    });
+  }
+})();</script>"""
+_HEAD_TAG = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
 
 
 def clean_path(path: str) -> str:
@@ -63,58 +103,233 @@ def clean_path(path: str) -> str:
     return cleaned + "/" if trailing and cleaned != "/" else cleaned
 
 
-class DashboardProxyHandler(ProxyHandler):
-    """Proxies HTTP and websockets to the dashboard of the cluster named in the URL."""
+def _only_registered_target(handler: Any, host: str) -> bool:
+    """``host_allowlist``: the one host the registry gave for this request, nothing else."""
+    target = getattr(handler, "target", None)
+    return target is not None and host == target.host
+
+
+def _inject_storage_shim(response: RewritableResponse) -> None:
+    """``rewrite_response``: the storage stand-ins go first into every HTML page."""
+    if not response.headers.get("Content-Type", "").startswith("text/html"):
+        return
+    if response.headers.get("Content-Encoding", "identity") != "identity":
+        log.warning("a compressed dashboard page got no storage shim")
+        return
+    body = response.body or b""
+    shim = _STORAGE_SHIM.encode()
+    match = _HEAD_TAG.search(body)
+    at = match.end() if match else 0
+    response.body = body[:at] + shim + body[at:]
+
+
+class DashboardCapabilities:
+    """Unguessable URL segments standing for one cluster's dashboard, in this process only.
+
+    One capability per cluster, reused while it is used (the browser caches the dashboard's
+    assets under it); one unused for ``idle_timeout`` seconds is forgotten.
+    """
+
+    def __init__(self, idle_timeout: float = 12 * 3600) -> None:
+        self.idle_timeout = idle_timeout
+        self._cluster_of: dict[str, str] = {}
+        self._of_cluster: dict[str, str] = {}
+        self._used: dict[str, float] = {}
+
+    def mint(self, cluster_id: str) -> str:
+        self._expire()
+        capability = self._of_cluster.get(cluster_id)
+        if capability is None:
+            capability = secrets.token_urlsafe(32)
+            self._cluster_of[capability] = cluster_id
+            self._of_cluster[cluster_id] = capability
+        self._used[capability] = time.monotonic()
+        return capability
+
+    def cluster_of(self, capability: str) -> str | None:
+        """The cluster a capability stands for (None: unknown or expired)."""
+        self._expire()
+        cluster_id = self._cluster_of.get(capability)
+        if cluster_id is not None:
+            self._used[capability] = time.monotonic()
+        return cluster_id
+
+    def revoke(self, cluster_id: str) -> None:
+        capability = self._of_cluster.pop(cluster_id, None)
+        if capability is not None:
+            self._cluster_of.pop(capability, None)
+            self._used.pop(capability, None)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for capability, used in list(self._used.items()):
+            if now - used > self.idle_timeout:
+                self.revoke(self._cluster_of[capability])
+
+
+class DashboardError(web.HTTPError):
+    """An error answered with a short HTML page that says what happened (never a traceback)."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+        super().__init__(status, "%s", message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+def error_page(status: int, message: str) -> str:
+    """The short HTML page of a :class:`DashboardError`."""
+    reason = httputil.responses.get(status, "Error")
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>Ray dashboard: {status} {html.escape(reason)}</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:48em;"
+        "line-height:1.4}code{font-size:1.05em}</style></head>\n"
+        f"<body><h1>Ray dashboard unavailable</h1>\n<p>{_markup(message)}</p></body></html>\n"
+    )
+
+
+def _markup(message: str) -> str:
+    """Escaped text where `backquoted` parts become <code>."""
+    parts = html.escape(message, quote=False).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+class _ResponseGuard(web.OutputTransform):
+    """The last look at a response's headers before they go out, whatever path made them.
+
+    jupyter-server-proxy copies the backend's headers in several places (buffered responses,
+    event streams, redirects); Tornado adds its own cookies (Jupyter's login) only after the
+    transforms, so removing ``Set-Cookie`` here removes exactly the backend's.
+    """
+
+    def __init__(self, handler: _DashboardProxy) -> None:
+        self.handler = handler
+
+    def transform_first_chunk(
+        self, status_code: int, headers: httputil.HTTPHeaders, chunk: bytes, finishing: bool
+    ) -> tuple[int, httputil.HTTPHeaders, bytes]:
+        if "Set-Cookie" in headers:
+            del headers["Set-Cookie"]
+        for name, value in self.handler.response_headers(headers).items():
+            headers[name] = value
+        return status_code, headers, chunk
+
+
+class _DashboardProxy(ProxyHandler):
+    """Proxies HTTP and websockets to the dashboard of the cluster named in the URL.
+
+    Subclasses say how a request is authorized (:meth:`_authorize`) and where the dashboard's
+    root is in the URL (:meth:`_root`).
+    """
 
     target: DashboardTarget | None = None
+    cluster_id: str = ""
+    proxied_path: str = "/"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("host_allowlist", _only_registered_target)
         kwargs.setdefault("absolute_url", False)
-        kwargs.setdefault("rewrite_response", (_drop_backend_cookies,))
+        kwargs.setdefault("rewrite_response", (_inject_storage_shim,))
         super().__init__(*args, **kwargs)
 
-    def initialize(self, targets: DashboardTargets) -> None:  # type: ignore[override]
+    def initialize(  # type: ignore[override]
+        self, targets: DashboardTargets, capabilities: DashboardCapabilities
+    ) -> None:
         self.targets = targets
+        self.capabilities = capabilities
 
     async def prepare(self, *args: Any, **kwargs: Any) -> None:
-        await super().prepare(*args, **kwargs)  # Jupyter auth: 302 / 403 without it
-        if self._finished:  # redirected to the login page
+        self._transforms.append(_ResponseGuard(self))
+        self.cluster_id = self.path_args[0]
+        self.proxied_path = self.path_args[-1] or "/"
+        if not await self._authorize():
             return
-        self._refuse_cross_site_writes()
-        cluster_id = self.path_args[0]
+        if self.request.method == "OPTIONS" and self._answer_preflight():
+            return
         try:
-            self.target = await self.targets.resolve(cluster_id)
+            self.target = await self.targets.resolve(self.cluster_id)
         except UnknownCluster:
-            raise web.HTTPError(404, f"no Ray cluster {cluster_id!r}") from None
+            raise DashboardError(404, f"There is no Ray cluster `{self.cluster_id}`.") from None
         except DashboardUnavailable as exc:
-            raise web.HTTPError(503, str(exc)) from None
+            raise self._unavailable(exc) from None
 
-    def _refuse_cross_site_writes(self) -> None:
-        """CSRF: the proxy adds the Ray token, so a write must come from Jupyter's own origin.
+    async def _authorize(self) -> bool:
+        """Authorize the request (raise, or answer it and return False)."""
+        raise NotImplementedError
 
-        Jupyter's XSRF token is not required (the dashboard's own page does not send it); a
-        browser's write carries ``Origin`` (or at least ``Referer``), which must be this server.
-        Requests with an ``Authorization`` header are scripts, not a browser's ambient cookie.
-        """
-        if self.request.method in ("GET", "HEAD", "OPTIONS"):
-            return
-        if self.request.headers.get("Authorization"):
-            return
-        headers = self.request.headers
-        source = headers.get("Origin") or headers.get("Referer")
-        if source is None or urlsplit(source).netloc != headers.get("Host"):
-            raise web.HTTPError(403, f"cross-site {self.request.method} refused (from {source})")
+    def _answer_preflight(self) -> bool:
+        """Answer a CORS preflight here instead of forwarding it (True when answered)."""
+        return False
+
+    def _root(self) -> str:
+        """The URL path of the dashboard's root for this request (ends without a slash)."""
+        raise NotImplementedError
+
+    def response_headers(self, headers: httputil.HTTPHeaders) -> dict[str, str]:
+        """Headers set on every response (see :class:`_ResponseGuard`)."""
+        extra = {"Referrer-Policy": "no-referrer"}
+        if headers.get("Content-Type", "").startswith("text/html"):
+            extra["Content-Security-Policy"] = SANDBOX_POLICY
+        return extra
+
+    # -- what a browser sees when the dashboard is not there ------------------------------
+    def _unavailable(self, exc: DashboardUnavailable) -> DashboardError:
+        """503 with what the registry (and Slurm) said: ended, not up yet, unreadable, …"""
+        message = str(exc).rstrip(".")
+        if message.startswith("cluster "):
+            message = "Ray " + message
+        record = self._record()
+        starting = record is not None and record.state in _NOT_UP_YET
+        return DashboardError(503, message[:1].upper() + message[1:] + ".", 5 if starting else None)
+
+    def _backend_failed(self, why: object) -> DashboardError:
+        """503 when the dashboard does not answer: naming the cluster and its last known state."""
+        log.warning("the dashboard of %s does not answer: %s", self.cluster_id, why)
+        self.targets.forget(self.cluster_id)  # the next request reads connection.json again
+        record = self._record()
+        if record is None:
+            who, state = f"Ray cluster `{self.cluster_id}`", "unknown"
+        else:
+            job = f" (job {record.job_id})" if record.job_id else ""
+            who, state = f"Ray cluster `{record.name}`{job}", record.state
+        return DashboardError(
+            503,
+            f"{who} was last seen {state}, but its dashboard does not answer: the job may "
+            "have ended, or its head node cannot be reached.",
+            retry_after=10,
+        )
+
+    def _record(self) -> Any:
+        try:
+            return self.targets.registry.load(self.cluster_id)
+        except (SlurmRayError, OSError):
+            return None
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if not isinstance(exc, DashboardError):
+            return super().write_error(status_code, **kwargs)
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        if exc.retry_after:
+            self.set_header("Retry-After", str(exc.retry_after))
+        self.finish(error_page(status_code, exc.message))
 
     # -- what is forwarded ----------------------------------------------------------------
     def proxy_request_headers(self) -> httputil.HTTPHeaders:
         headers = super().proxy_request_headers()
         for name in _DROPPED_REQUEST_HEADERS:
             headers.pop(name, None)
+        if self.request.headers.get("Sec-Fetch-Dest") in _NAVIGATIONS:
+            headers.pop("Accept-Encoding", None)  # a page: uncompressed, to add the shim
         assert self.target is not None
         headers["Host"] = f"{self.target.host}:{self.target.port}"
         headers["X-Ray-Authorization"] = f"Bearer {self.target.token}"
         return headers
+
+    def proxy_request_options(self) -> dict[str, Any]:
+        # A DELETE (or PATCH, …) with a body is valid HTTP: forward it instead of failing.
+        return {**super().proxy_request_options(), "allow_nonstandard_methods": True}
 
     def get_client_uri(self, protocol: str, host: str, port: int, proxied_path: str) -> str:
         path = quote(clean_path(proxied_path), safe=":/@!$&'()*+,;=-._~")
@@ -127,42 +342,51 @@ class DashboardProxyHandler(ProxyHandler):
         return f"{uri}?{urlencode(query)}" if query else uri
 
     def _get_context_path(self, host: str, port: int) -> str:
-        return url_path_join(self.base_url, PREFIX, self.path_args[0])
+        return self._root()
 
     # -- HTTP verbs -----------------------------------------------------------------------
     async def _forward(self) -> None:
-        assert self.target is not None
-        path = self.path_args[1] if len(self.path_args) > 1 else "/"
-        await self.proxy(self.target.host, self.target.port, path or "/")
+        target = self.target
+        assert target is not None
+        try:
+            await self.proxy(target.host, target.port, self.proxied_path)
+        except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
+            raise self._backend_failed(exc) from None
+        except web.HTTPError as exc:
+            if exc.status_code not in (500, 599):  # what the proxy makes of a lost backend
+                raise
+            raise self._backend_failed(exc) from None
+        if self.get_status() == 599 and not self._headers_written:  # the event-stream path
+            raise self._backend_failed("no answer")
 
-    async def http_get(self, cluster_id: str, path: str = "/") -> None:
+    async def http_get(self, *args: Any) -> None:
         await self._forward()
 
-    async def post(self, cluster_id: str, path: str = "/") -> None:
+    async def post(self, *args: Any) -> None:
         await self._forward()
 
-    async def put(self, cluster_id: str, path: str = "/") -> None:
+    async def put(self, *args: Any) -> None:
         await self._forward()
 
-    async def delete(self, cluster_id: str, path: str = "/") -> None:
+    async def delete(self, *args: Any) -> None:
         await self._forward()
 
-    async def patch(self, cluster_id: str, path: str = "/") -> None:
+    async def patch(self, *args: Any) -> None:
         await self._forward()
 
-    async def head(self, cluster_id: str, path: str = "/") -> None:
+    async def head(self, *args: Any) -> None:
         await self._forward()
 
-    async def options(self, cluster_id: str, path: str = "/") -> None:
+    async def options(self, *args: Any) -> None:
         await self._forward()
 
     # -- websockets -----------------------------------------------------------------------
-    async def open(self, cluster_id: str, path: str = "/") -> None:
+    async def open(self, *args: Any) -> None:
         """Connect the backend side of a websocket, uncompressed, and relay both ways."""
         target = self.target
         assert target is not None
         request = httpclient.HTTPRequest(
-            url=self.get_client_uri("ws", target.host, target.port, path or "/"),
+            url=self.get_client_uri("ws", target.host, target.port, self.proxied_path),
             headers=self.proxy_request_headers(),
         )
         self._record_activity()
@@ -177,7 +401,7 @@ class DashboardProxyHandler(ProxyHandler):
         try:
             self.ws = await conn.connect_future
         except (OSError, httpclient.HTTPClientError, websocket.WebSocketClosedError) as exc:
-            log.warning("dashboard websocket of %s failed: %s", cluster_id, exc)
+            log.warning("dashboard websocket of %s failed: %s", self.cluster_id, exc)
             self.close(1011, "the Ray dashboard refused the websocket")
 
     def _from_backend(self, message: str | bytes | None) -> None:
@@ -192,13 +416,194 @@ class DashboardProxyHandler(ProxyHandler):
         self.ping(data)
 
 
-def route_specs(base_url: str, targets: DashboardTargets) -> list[tuple[str, type, dict]]:
-    """Tornado routes: the proxy itself, and the redirect that adds the trailing slash."""
-    from jupyter_server_proxy.handlers import AddSlashHandler
+class DashboardProxyHandler(_DashboardProxy):
+    """``/slurm-ray/dashboard/<id>/…`` behind Jupyter's login (token or cookie).
 
+    Scripts use it with Jupyter's token. A browser's navigation to it is redirected to the
+    capability URL of the same page, so the dashboard's pages run sandboxed.
+    """
+
+    async def _authorize(self) -> bool:
+        await ProxyHandler.prepare(self)  # Jupyter's login: 302 / 403 without it
+        if self._finished:  # redirected to the login page
+            return False
+        self._refuse_cross_site_writes()
+        return True
+
+    def _root(self) -> str:
+        return url_path_join(self.base_url, PREFIX, self.cluster_id)
+
+    def _refuse_cross_site_writes(self) -> None:
+        """CSRF: the proxy adds the Ray token, so a cookie's write must come from Jupyter.
+
+        What counts is how Jupyter authenticated the request: a token (``Authorization:
+        token …`` or ``?token=``) is explicit, a script's; the login cookie is ambient, sent by
+        the browser whatever page asks. A cookie-authenticated write must carry ``Origin`` (or
+        at least ``Referer``) naming this server (or an origin Jupyter's ``allow_origin`` /
+        ``allow_origin_pat`` trusts explicitly). Jupyter's XSRF token is not required: the
+        dashboard's own page does not send it.
+        """
+        if self.request.method in _SAFE_METHODS or self.token_authenticated:
+            return
+        headers = self.request.headers
+        source = headers.get("Origin") or headers.get("Referer")
+        if not self._is_own_origin(source):
+            raise web.HTTPError(403, f"cross-site {self.request.method} refused (from {source})")
+
+    def _is_own_origin(self, source: str | None) -> bool:
+        parts = urlsplit(source or "")
+        if not parts.scheme or not parts.netloc:  # missing, "null" (an opaque origin), junk
+            return False
+        if parts.netloc == self.request.headers.get("Host"):
+            return True
+        origin = f"{parts.scheme}://{parts.netloc}"
+        if self.allow_origin and self.allow_origin != "*":
+            return origin == self.allow_origin
+        return bool(self.allow_origin_pat and origin_matches_pat(self.allow_origin_pat, origin))
+
+    async def http_get(self, *args: Any) -> None:
+        if self._is_navigation():
+            self.redirect(self._capability_url(), permanent=False)
+            return
+        await self._forward()
+
+    def _is_navigation(self) -> bool:
+        """A browser loading a page (tab, IFrame), as opposed to a script's request."""
+        dest = self.request.headers.get("Sec-Fetch-Dest")
+        if dest is not None:
+            return dest in _NAVIGATIONS
+        accept = self.request.headers.get("Accept", "")
+        return accept.split(",", 1)[0].strip().startswith("text/html")
+
+    def _capability_url(self) -> str:
+        capability = self.capabilities.mint(self.cluster_id)
+        url = url_path_join(self._root(), f"~{capability}", quote(self.proxied_path))
+        if self.proxied_path.endswith("/") and not url.endswith("/"):
+            url += "/"
+        query = [
+            (key, value)
+            for key, value in parse_qsl(self.request.query, keep_blank_values=True)
+            if key not in _DROPPED_QUERY_KEYS
+        ]
+        return f"{url}?{urlencode(query)}" if query else url
+
+
+class SandboxedDashboardHandler(_DashboardProxy):
+    """``/slurm-ray/dashboard/<id>/~<capability>/…``: authorized by the capability alone.
+
+    Jupyter's identity is neither needed nor used; the browser reaches this URL from the
+    dashboard's opaque origin, so its requests are cross-origin: CORS lets that origin (and
+    only that, ``null``) read the answers, without credentials.
+    """
+
+    async def _authorize(self) -> bool:
+        # Jupyter's checks of the Host header (DNS rebinding) still apply; its login does not.
+        await JupyterHandler.prepare(self)
+        capability = self.path_args[1]
+        if self.capabilities.cluster_of(capability) != self.cluster_id:
+            raise DashboardError(
+                404,
+                "This dashboard link is not valid (any more): the Jupyter server restarted, or "
+                "the link was not used for a long time. Open the dashboard again from "
+                "JupyterLab's Slurm Ray sidebar.",
+            )
+        if self.path_args[2] is None:  # the dashboard's relative links need the slash
+            query = f"?{self.request.query}" if self.request.query else ""
+            self.redirect(f"{self.request.path}/{query}", permanent=False)
+            return False
+        return True
+
+    def _root(self) -> str:
+        return url_path_join(self.base_url, PREFIX, self.cluster_id, f"~{self.path_args[1]}")
+
+    def check_origin(self, origin: str | None = None) -> bool:
+        """Websockets: the capability in the URL authorizes them (checked in ``prepare``)."""
+        return True
+
+    def _answer_preflight(self) -> bool:
+        if "Access-Control-Request-Method" not in self.request.headers:
+            return False
+        self.set_status(204)
+        self.set_header("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, PATCH, DELETE")
+        requested = self.request.headers.get("Access-Control-Request-Headers")
+        if requested:
+            self.set_header("Access-Control-Allow-Headers", requested)
+        self.set_header("Access-Control-Max-Age", "600")
+        self.finish()
+        return True
+
+    def response_headers(self, headers: httputil.HTTPHeaders) -> dict[str, str]:
+        extra = super().response_headers(headers)
+        if self.request.headers.get("Origin") == "null":
+            extra["Access-Control-Allow-Origin"] = "null"
+        extra["Vary"] = "Origin"
+        return extra
+
+    # Jupyter's ``allow_unauthenticated_access = False`` must not refuse them: the capability
+    # is their authentication.
+    @allow_unauthenticated
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        await super().get(*args, **kwargs)
+
+    @allow_unauthenticated
+    async def post(self, *args: Any) -> None:
+        await self._forward()
+
+    @allow_unauthenticated
+    async def put(self, *args: Any) -> None:
+        await self._forward()
+
+    @allow_unauthenticated
+    async def delete(self, *args: Any) -> None:
+        await self._forward()
+
+    @allow_unauthenticated
+    async def patch(self, *args: Any) -> None:
+        await self._forward()
+
+    @allow_unauthenticated
+    async def head(self, *args: Any) -> None:
+        await self._forward()
+
+    @allow_unauthenticated
+    async def options(self, *args: Any) -> None:
+        await self._forward()
+
+
+class DashboardLinkHandler(APIHandler):
+    """``POST /slurm-ray/dashboard-links/<id>``: the sandboxed dashboard URL of a cluster.
+
+    For a logged-in user (Jupyter's API rules: token, or cookie plus XSRF); answers
+    ``{"url": "<base>slurm-ray/dashboard/<id>/~<capability>/"}``.
+    """
+
+    def initialize(self, targets: DashboardTargets, capabilities: DashboardCapabilities) -> None:
+        self.targets = targets
+        self.capabilities = capabilities
+
+    @web.authenticated
+    async def post(self, cluster_id: str) -> None:
+        try:
+            record = self.targets.registry.load(cluster_id)
+        except SlurmRayError:
+            record = None
+        if record is None:
+            raise web.HTTPError(404, f"no Ray cluster {cluster_id!r}")
+        capability = self.capabilities.mint(cluster_id)
+        url = url_path_join(self.base_url, PREFIX, cluster_id, f"~{capability}") + "/"
+        self.set_status(201)
+        self.set_header("Cache-Control", "no-store")
+        self.finish({"url": url})
+
+
+def route_specs(base_url: str, targets: DashboardTargets) -> list[tuple[str, type, dict]]:
+    """Tornado routes: the sandboxed and the login-protected proxy, links, the slash redirect."""
     prefix = url_path_join(base_url, PREFIX)
     cluster = r"([^/]+)"
+    kwargs = {"targets": targets, "capabilities": DashboardCapabilities()}
     return [
+        (f"{prefix}/{cluster}/~([^/]*)(/.*)?", SandboxedDashboardHandler, kwargs),
         (f"{prefix}/{cluster}", AddSlashHandler, {}),
-        (f"{prefix}/{cluster}(/.*)", DashboardProxyHandler, {"targets": targets}),
+        (f"{prefix}/{cluster}(/.*)", DashboardProxyHandler, kwargs),
+        (url_path_join(base_url, LINKS_PREFIX) + f"/{cluster}", DashboardLinkHandler, kwargs),
     ]

@@ -29,6 +29,19 @@ export interface ICluster {
   target: string;
   attach_command: string;
   dashboard_url: string;
+  /** Epoch seconds since which Slurm has not answered for it (the state is the last known). */
+  slurm_unreachable_since?: number | null;
+  /** Something the server wants the user to know about the cluster (e.g. Slurm's silence). */
+  notice?: string | null;
+  /** Hosts that were part of the cluster and are gone. */
+  nodes_lost?: string[];
+  /** It ended: nothing runs any more. */
+  final?: boolean;
+  /** Its record may be deleted (`forgetCluster`). */
+  forgettable?: boolean;
+  /** The record file could not be read: only `id` (and `error`) mean something. */
+  unreadable?: boolean;
+  error?: string | null;
 }
 
 /** The listing, with the time Slurm was last asked. */
@@ -57,9 +70,13 @@ export class ApiError extends Error {
 
 const settings = (): ServerConnection.ISettings => ServerConnection.makeSettings();
 
-async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
+async function request<T>(
+  path: string,
+  init: RequestInit = {},
+  prefix = 'slurm-ray/api/clusters'
+): Promise<T> {
   const s = settings();
-  const url = URLExt.join(s.baseUrl, 'slurm-ray/api/clusters', path);
+  const url = URLExt.join(s.baseUrl, prefix, path);
   let response: Response;
   try {
     response = await ServerConnection.makeRequest(url, init, s);
@@ -74,11 +91,7 @@ async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
     data = { message: text };
   }
   if (!response.ok) {
-    throw new ApiError(
-      data?.message ?? response.statusText,
-      response.status,
-      data?.field ?? null
-    );
+    throw new ApiError(data?.message ?? response.statusText, response.status, data?.field ?? null);
   }
   return data as T;
 }
@@ -91,10 +104,22 @@ export const getCluster = (id: string, tail = 200): Promise<IClusterDetails> =>
 export const stopCluster = (id: string): Promise<ICluster> =>
   request<ICluster>(encodeURIComponent(id), { method: 'DELETE' });
 
+/** Delete the record of an ended (or unreadable) cluster; 409 while it is still active. */
+export const forgetCluster = (id: string): Promise<unknown> =>
+  request<unknown>(`${encodeURIComponent(id)}?forget=true`, { method: 'DELETE' });
+
 export const createCluster = (settings: Record<string, unknown>): Promise<ICluster> =>
   request<ICluster>('', { method: 'POST', body: JSON.stringify(settings) });
 
-/** The proxied dashboard of a cluster, under this server's base URL. */
-export function dashboardUrl(id: string): string {
-  return URLExt.join(settings().baseUrl, 'slurm-ray/dashboard', encodeURIComponent(id), '/');
+/**
+ * The sandboxed URL of a cluster's dashboard: `<base>slurm-ray/dashboard/<id>/~<capability>/`,
+ * valid in this server process only (see the server's `proxy.py`).
+ */
+export async function dashboardLink(id: string): Promise<string> {
+  const link = await request<{ url: string }>(
+    encodeURIComponent(id),
+    { method: 'POST' },
+    'slurm-ray/dashboard-links'
+  );
+  return link.url;
 }

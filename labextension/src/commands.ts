@@ -2,15 +2,23 @@
  * The extension's commands: used by the sidebar's buttons, the palette and dashboard links.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { Clipboard, Dialog, InputDialog, Notification, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import {
+  Clipboard,
+  Dialog,
+  InputDialog,
+  Notification,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
 
-import { ApiError, createCluster, stopCluster } from './api';
+import { ApiError, createCluster, forgetCluster, stopCluster } from './api';
 import { openDashboard } from './dashboard';
 import { showLogs } from './logs';
 
 export namespace CommandIDs {
   export const openDashboard = 'slurm-ray:open-dashboard';
   export const stop = 'slurm-ray:stop';
+  export const forget = 'slurm-ray:forget';
   export const copyAttach = 'slurm-ray:copy-attach';
   export const showLogs = 'slurm-ray:show-logs';
   export const refresh = 'slurm-ray:refresh';
@@ -21,6 +29,8 @@ export namespace CommandIDs {
 /** What the commands need from the rest of the extension. */
 export interface ICommandContext {
   refresh: () => Promise<void>;
+  /** Drop a forgotten cluster from the sidebar now. */
+  remove: (id: string) => void;
   /** Cluster id → name, from the sidebar's last listing. */
   nameOf: (id: string) => string | undefined;
   defaultProfile: () => string;
@@ -32,12 +42,21 @@ interface IClusterArgs {
   name?: string;
 }
 
-async function pickCluster(app: JupyterFrontEnd, ctx: ICommandContext, args: IClusterArgs): Promise<IClusterArgs | null> {
+async function pickCluster(
+  app: JupyterFrontEnd,
+  ctx: ICommandContext,
+  args: IClusterArgs
+): Promise<IClusterArgs | null> {
   if (args.id) {
     return { id: args.id, name: args.name ?? ctx.nameOf(args.id) };
   }
-  const answer = await InputDialog.getText({ title: 'Cluster id', placeholder: 'e.g. ray-1a2b3c4d' });
-  return answer.button.accept && answer.value ? { id: answer.value, name: ctx.nameOf(answer.value) } : null;
+  const answer = await InputDialog.getText({
+    title: 'Cluster id',
+    placeholder: 'e.g. ray-1a2b3c4d'
+  });
+  return answer.button.accept && answer.value
+    ? { id: answer.value, name: ctx.nameOf(answer.value) }
+    : null;
 }
 
 export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
@@ -49,7 +68,7 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
     execute: async args => {
       const picked = await pickCluster(app, ctx, args as IClusterArgs);
       if (picked?.id) {
-        openDashboard(app, picked.id, picked.name);
+        await openDashboard(app, picked.id, picked.name);
       }
     }
   });
@@ -76,6 +95,38 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
         Notification.success(`${label} is ${stopped.state}.`, { autoClose: 5000 });
       } catch (error) {
         await showErrorMessage('Could not stop the cluster', (error as Error).message);
+      }
+      await ctx.refresh();
+    }
+  });
+
+  commands.addCommand(CommandIDs.forget, {
+    label: 'Slurm Ray: Forget Ended Cluster…',
+    caption: 'Delete the record of an ended cluster (or an unreadable record) from the registry',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (!picked?.id) {
+        return;
+      }
+      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
+      const result = await showDialog({
+        title: 'Forget the cluster?',
+        body: `This deletes the record of ${label}: it leaves this list, and %slurm_ray attach no longer finds it. Its job directory and logs stay where they are.`,
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Forget' })]
+      });
+      if (!result.button.accept) {
+        return;
+      }
+      try {
+        await forgetCluster(picked.id);
+        ctx.remove(picked.id);
+        Notification.success(`Forgot ${label}.`, { autoClose: 5000 });
+      } catch (error) {
+        const title =
+          error instanceof ApiError && error.status === 409
+            ? `${label} is still active`
+            : 'Could not forget the cluster';
+        await showErrorMessage(title, (error as Error).message);
       }
       await ctx.refresh();
     }
@@ -121,7 +172,7 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
     execute: async args => {
       const profile = await InputDialog.getText({
         title: 'New Ray cluster from a profile',
-        label: 'Profile (empty: the server\'s default)',
+        label: "Profile (empty: the server's default)",
         text: String((args as any).profile ?? ctx.defaultProfile())
       });
       if (!profile.button.accept) {
@@ -137,7 +188,9 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
       }
       try {
         const created = await createCluster(settings);
-        Notification.success(`Submitted ${created.name}: job ${created.job_id}`, { autoClose: 5000 });
+        Notification.success(`Submitted ${created.name}: job ${created.job_id}`, {
+          autoClose: 5000
+        });
       } catch (error) {
         const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
         await showErrorMessage(`Could not create the cluster${field}`, (error as Error).message);
@@ -153,6 +206,7 @@ export const paletteCommands = [
   CommandIDs.create,
   CommandIDs.openDashboard,
   CommandIDs.stop,
+  CommandIDs.forget,
   CommandIDs.copyAttach,
   CommandIDs.showLogs
 ];

@@ -1,36 +1,55 @@
 /**
- * The Ray dashboard of a cluster in a main-area tab: an IFrame of the authenticated proxy.
+ * The Ray dashboard of a cluster in a main-area tab: a sandboxed IFrame of the proxy.
+ *
+ * Why the sandbox has `allow-scripts` but NOT `allow-same-origin`: the dashboard is a web app
+ * from the cluster side, and with both flags on Jupyter's origin its scripts could act as the
+ * user on Jupyter's API (read files, start kernels). Instead the frame loads a capability URL
+ * (`<base>slurm-ray/dashboard/<id>/~<capability>/`, minted by `POST
+ * slurm-ray/dashboard-links/<id>` for the logged-in user, valid in this server process only):
+ * the capability, not Jupyter's cookie, authorizes the dashboard's requests, so it works in an
+ * opaque origin, which has no access to Jupyter's cookies, storage, API or this page. The
+ * server also sends `Content-Security-Policy: sandbox …` with its pages (the same opaque
+ * origin when the URL is opened in a browser tab) and gives them an in-memory localStorage
+ * (the dashboard reads it at start; an opaque origin throws). `no-referrer`: the capability
+ * never leaves in a Referer header. The Ray token never reaches the page; the server adds it.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { IFrame, MainAreaWidget } from '@jupyterlab/apputils';
+import { IFrame, MainAreaWidget, showErrorMessage } from '@jupyterlab/apputils';
 
-import { dashboardUrl } from './api';
+import { dashboardLink } from './api';
+
+/** Everything the dashboard needs, and nothing that joins it to Jupyter's origin. */
+export const DASHBOARD_SANDBOX: IFrame.SandboxExceptions[] = [
+  'allow-scripts',
+  'allow-forms',
+  'allow-popups',
+  'allow-downloads'
+];
 
 const tabs = new Map<string, MainAreaWidget<IFrame>>();
 
-/**
- * Open (or bring forward) the dashboard tab of cluster `id`.
- *
- * The dashboard needs scripts and same-origin requests to the proxy (Jupyter's cookie
- * authenticates them); the Ray token never reaches the page, the server adds it.
- */
-export function openDashboard(app: JupyterFrontEnd, id: string, name?: string): MainAreaWidget<IFrame> {
+/** Open (or bring forward) the dashboard tab of cluster `id`; null when it cannot be. */
+export async function openDashboard(
+  app: JupyterFrontEnd,
+  id: string,
+  name?: string
+): Promise<MainAreaWidget<IFrame> | null> {
   let tab = tabs.get(id);
   if (!tab || tab.isDisposed) {
-    const frame = new IFrame({
-      sandbox: ['allow-scripts', 'allow-same-origin', 'allow-forms', 'allow-popups', 'allow-downloads'],
-      referrerPolicy: 'same-origin'
-    });
-    frame.url = dashboardUrl(id);
-    tab = new MainAreaWidget({ content: frame });
-    tab.id = `slurm-ray-dashboard-${id}`;
-    tab.title.label = `Ray: ${name ?? id}`;
-    tab.title.caption = `Ray dashboard of ${name ?? id} (${id})`;
-    tab.title.closable = true;
-    tab.addClass('jp-SlurmRay-dashboardTab');
-    tab.node.dataset.slurmRayCluster = id;
-    tabs.set(id, tab);
-    tab.disposed.connect(() => tabs.delete(id));
+    let url: string;
+    try {
+      url = await dashboardLink(id);
+    } catch (error) {
+      await showErrorMessage(
+        `Cannot open the dashboard of ${name ?? id}`,
+        (error as Error).message
+      );
+      return null;
+    }
+    tab = tabs.get(id); // opened meanwhile (a double click)
+    if (!tab || tab.isDisposed) {
+      tab = createTab(id, name, url);
+    }
   }
   if (!tab.isAttached) {
     app.shell.add(tab, 'main');
@@ -39,26 +58,17 @@ export function openDashboard(app: JupyterFrontEnd, id: string, name?: string): 
   return tab;
 }
 
-/** The cluster id a link points at, when it is one of our dashboard links (else null). */
-export function dashboardLinkTarget(anchor: HTMLAnchorElement, baseUrl: string): string | null {
-  const marked = anchor.dataset.slurmRayDashboard;
-  if (marked) {
-    return marked;
-  }
-  let path: string;
-  try {
-    const url = new URL(anchor.href, window.location.href);
-    if (url.origin !== window.location.origin) {
-      return null;
-    }
-    path = url.pathname;
-  } catch {
-    return null;
-  }
-  const prefix = `${new URL(baseUrl, window.location.href).pathname.replace(/\/?$/, '/')}slurm-ray/dashboard/`;
-  if (!path.startsWith(prefix)) {
-    return null;
-  }
-  const id = decodeURIComponent(path.slice(prefix.length).split('/')[0]);
-  return id || null;
+function createTab(id: string, name: string | undefined, url: string): MainAreaWidget<IFrame> {
+  const frame = new IFrame({ sandbox: DASHBOARD_SANDBOX, referrerPolicy: 'no-referrer' });
+  frame.url = url;
+  const tab = new MainAreaWidget({ content: frame });
+  tab.id = `slurm-ray-dashboard-${id}`;
+  tab.title.label = `Ray: ${name ?? id}`;
+  tab.title.caption = `Ray dashboard of ${name ?? id} (${id})`;
+  tab.title.closable = true;
+  tab.addClass('jp-SlurmRay-dashboardTab');
+  tab.node.dataset.slurmRayCluster = id;
+  tabs.set(id, tab);
+  tab.disposed.connect(() => tabs.delete(id));
+  return tab;
 }

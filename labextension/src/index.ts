@@ -12,7 +12,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { kernelIcon } from '@jupyterlab/ui-components';
 
 import { addCommands, CommandIDs, paletteCommands } from './commands';
-import { dashboardLinkTarget } from './dashboard';
+import { dashboardLinkTarget } from './links';
 import { ClusterSidebar } from './sidebar';
 
 const PLUGIN_ID = 'jupyter-slurm-ray:plugin';
@@ -35,6 +35,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     addCommands(app, {
       refresh: () => sidebar.refresh(),
+      remove: id => sidebar.remove(id),
       nameOf: id => sidebar.clusters.find(c => c.id === id)?.name,
       defaultProfile: () => defaultProfile,
       sidebarId: sidebar.id
@@ -65,10 +66,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     document.addEventListener(
       'click',
       event => {
-        if (event.defaultPrevented || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) {
+        if (
+          event.defaultPrevented ||
+          event.button !== 0 ||
+          event.ctrlKey ||
+          event.metaKey ||
+          event.shiftKey
+        ) {
           return;
         }
-        const anchor = (event.target as Element | null)?.closest?.('a[href]') as HTMLAnchorElement | null;
+        const anchor = (event.target as Element | null)?.closest?.(
+          'a[href]'
+        ) as HTMLAnchorElement | null;
         const id = anchor ? dashboardLinkTarget(anchor, baseUrl) : null;
         if (id) {
           event.preventDefault();

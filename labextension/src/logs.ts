@@ -19,9 +19,7 @@ class LogView extends Widget {
   async refresh(): Promise<void> {
     try {
       const details = await getCluster(this.clusterId);
-      const events = details.events
-        .map(event => JSON.stringify(event))
-        .join('\n');
+      const events = details.events.map(event => JSON.stringify(event)).join('\n');
       this._pre.textContent =
         `${details.name} (${details.id}) — ${details.state}` +
         (details.reason ? ` (${details.reason})` : '') +
@@ -44,7 +42,11 @@ export async function showLogs(app: JupyterFrontEnd, id: string, name?: string):
   tab.title.closable = true;
   tab.toolbar.addItem(
     'refresh',
-    new ToolbarButton({ icon: refreshIcon, tooltip: 'Read the logs again', onClick: () => void view.refresh() })
+    new ToolbarButton({
+      icon: refreshIcon,
+      tooltip: 'Read the logs again',
+      onClick: () => void view.refresh()
+    })
   );
   app.shell.add(tab, 'main');
   app.shell.activateById(tab.id);

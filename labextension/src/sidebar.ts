@@ -10,7 +10,18 @@ import { Widget } from '@lumino/widgets';
 
 import { ICluster, IClusterList, listClusters } from './api';
 import { CommandIDs } from './commands';
-import { hms, isFinal, isUp, ownerText, stateKind, timeLeftNow } from './format';
+import {
+  canForget,
+  hasEnded,
+  hms,
+  isUp,
+  nodesLostText,
+  ownerText,
+  stateKind,
+  timeLeftNow,
+  unreachableText,
+  unreadableText
+} from './format';
 
 export class ClusterSidebar extends Widget {
   constructor(private readonly commands: CommandRegistry) {
@@ -50,6 +61,14 @@ export class ClusterSidebar extends Widget {
   /** Ask the server now (e.g. after a stop or a create). */
   refresh(): Promise<void> {
     return this._poll.refresh();
+  }
+
+  /** Drop a cluster from the list now (it was forgotten), before the next listing. */
+  remove(id: string): void {
+    if (this._last) {
+      this._last = { ...this._last, clusters: this._last.clusters.filter(c => c.id !== id) };
+      this._render();
+    }
   }
 
   dispose(): void {
@@ -93,8 +112,31 @@ export class ClusterSidebar extends Widget {
       return;
     }
     for (const cluster of [...listing.clusters].reverse()) {
-      this._list.appendChild(this._card(cluster, listing.reconciled_at));
+      this._list.appendChild(this._item(cluster, listing.reconciled_at));
     }
+  }
+
+  /** One row; a record that cannot be shown becomes a row that says so, never a broken list. */
+  private _item(cluster: ICluster, reconciledAt: number): HTMLLIElement {
+    try {
+      return cluster.unreadable ? this._unreadable(cluster) : this._card(cluster, reconciledAt);
+    } catch (error) {
+      console.warn('jupyter-slurm-ray: cannot show cluster', cluster, error);
+      return this._unreadable({ ...cluster, error: `cannot be shown (${error})` });
+    }
+  }
+
+  private _unreadable(cluster: ICluster): HTMLLIElement {
+    const item = document.createElement('li');
+    item.className = 'jp-SlurmRay-cluster jp-mod-unreadable';
+    item.dataset.clusterId = String(cluster.id);
+    item.append(el('div', 'jp-SlurmRay-unreadableText', unreadableText(cluster)));
+    const actions = el('div', 'jp-SlurmRay-actions');
+    actions.append(
+      this._button('Forget', CommandIDs.forget, { id: String(cluster.id) }, false, 'warn')
+    );
+    item.append(actions);
+    return item;
   }
 
   private _card(cluster: ICluster, reconciledAt: number): HTMLLIElement {
@@ -102,32 +144,49 @@ export class ClusterSidebar extends Widget {
     item.className = 'jp-SlurmRay-cluster';
     item.dataset.clusterId = cluster.id;
     item.dataset.state = cluster.state;
+    const ended = hasEnded(cluster);
     const title = el('div', 'jp-SlurmRay-title');
     title.append(el('span', 'jp-SlurmRay-name', cluster.name));
     const badge = el('span', `jp-SlurmRay-badge jp-mod-${stateKind(cluster.state)}`, cluster.state);
     title.append(badge);
     item.append(title);
+    const unreachable = unreachableText(cluster);
+    if (unreachable) {
+      const note = el('div', 'jp-SlurmRay-unreachable', unreachable);
+      note.title = `${cluster.state} is the last state Slurm reported`;
+      item.append(note);
+    }
     const why = cluster.reason ?? (cluster.state === 'STARTING' ? cluster.phase : null);
     if (why) {
       item.append(el('div', 'jp-SlurmRay-reason', why));
+    }
+    if (cluster.notice && cluster.notice !== why) {
+      item.append(el('div', 'jp-SlurmRay-notice', cluster.notice));
     }
     const facts = el('div', 'jp-SlurmRay-facts');
     facts.append(
       fact('Nodes', `${cluster.nodes_joined}/${cluster.nodes_wanted}`),
       fact('GPUs/node', String(cluster.gpus_per_node)),
-      fact('Left', isFinal(cluster.state) ? '—' : hms(timeLeftNow(cluster, reconciledAt)), 'left'),
+      fact('Left', ended ? '—' : hms(timeLeftNow(cluster, reconciledAt)), 'left'),
       fact('Job', cluster.job_id ?? '—'),
       fact('Owner', ownerText(cluster))
     );
+    const lost = nodesLostText(cluster);
+    if (lost) {
+      facts.append(el('span', 'jp-SlurmRay-lost', lost));
+    }
     item.append(facts);
     const actions = el('div', 'jp-SlurmRay-actions');
     const args = { id: cluster.id, name: cluster.name };
     actions.append(
       this._button('Dashboard', CommandIDs.openDashboard, args, !isUp(cluster.state), 'accept'),
-      this._button('Stop', CommandIDs.stop, args, isFinal(cluster.state), 'warn'),
+      this._button('Stop', CommandIDs.stop, args, ended, 'warn'),
       this._button('Copy attach', CommandIDs.copyAttach, args, false),
       this._button('Logs', CommandIDs.showLogs, args, !cluster.job_id)
     );
+    if (canForget(cluster)) {
+      actions.append(this._button('Forget', CommandIDs.forget, args, false, 'warn'));
+    }
     item.append(actions);
     return item;
   }
@@ -149,18 +208,24 @@ export class ClusterSidebar extends Widget {
     return button;
   }
 
-  /** Count the walltime down between two listings. */
+  /** Count the walltime down, and Slurm's silence up, between two listings. */
   private _tick(): void {
     const listing = this._last;
     if (!listing) {
       return;
     }
     for (const cluster of listing.clusters) {
-      const node = this._list.querySelector(
-        `[data-cluster-id="${CSS.escape(cluster.id)}"] [data-fact="left"]`
-      );
-      if (node && !isFinal(cluster.state)) {
-        node.textContent = hms(timeLeftNow(cluster, listing.reconciled_at));
+      if (cluster.unreadable) {
+        continue;
+      }
+      const item = this._list.querySelector(`[data-cluster-id="${CSS.escape(cluster.id)}"]`);
+      const left = item?.querySelector('[data-fact="left"]');
+      if (left && !hasEnded(cluster)) {
+        left.textContent = hms(timeLeftNow(cluster, listing.reconciled_at));
+      }
+      const unreachable = item?.querySelector('.jp-SlurmRay-unreachable');
+      if (unreachable) {
+        unreachable.textContent = unreachableText(cluster);
       }
     }
   }
