@@ -1,4 +1,4 @@
-"""``jupyter slurm-ray list | down | logs | gc``: the terminal's view of the registry's clusters."""
+"""``jupyter slurm-ray list | down | logs | forget | gc``: the clusters, from a terminal."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from .aio import run_sync
-from .config import SlurmRay, make_transport
+from . import commands
+from .config import SlurmRay
 from .errors import SlurmRayError
-from .inventory import Orphan, find_orphans, format_table, reconcile
-from .reprs import status_line
+from .inventory import Orphan
 from .session import Session
-from .slurm import SlurmClient
 
 __all__ = ["main"]
 
@@ -43,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--yes", action="store_true", help="cancel without asking")
     gc.add_argument("jobs", nargs="*", metavar="JOB", help="only these job ids or cluster ids")
+    forget = sub.add_parser(
+        "forget",
+        help="delete the record of an ended cluster (or --ended: of every ended one)",
+        description="Ended clusters' records are also forgotten by themselves after "
+        "SlurmRay.record_retention_days (7). The job dir, with its logs, is kept.",
+    )
+    forget.add_argument("name", nargs="?", help="a cluster name, id or Slurm job id")
+    forget.add_argument("--ended", action="store_true", help="every ended cluster")
     return parser
 
 
@@ -61,50 +67,30 @@ def main(argv: Sequence[str] | None = None, ask: Ask = input) -> int:
 
 
 def _list(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    print(format_table(run_sync(reconcile(session.registry().all(), session.transport))))
+    print(commands.list_table(session))
     return 0
 
 
 def _down(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    if bool(args.all) == bool(args.name):
+    if not (args.all or args.name):
         raise SlurmRayError("give a cluster NAME or --all")
-    if args.all:
-        entries = run_sync(reconcile(session.registry().all(), session.transport))
-        clusters = [session.find(e.record.id) for e in entries if e.active]
-    else:
-        clusters = [session.find(args.name)]
-    if not clusters:
-        print("no active clusters")
-    for cluster in clusters:
-        cluster.down()
-        print(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
+    print("\n".join(commands.down(session, args.name, everything=args.all)))
     return 0
 
 
 def _logs(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    cluster = session.find(args.name)
-    print(cluster.logs(node=args.node, tail=args.tail) or "no output yet")
+    print(commands.logs(session, args.name, node=args.node, tail=args.tail))
+    return 0
+
+
+def _forget(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    print("\n".join(commands.forget(session, args.name, ended=args.ended)))
     return 0
 
 
 def _gc(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    transport = make_transport(session.config)
-    orphans = run_sync(find_orphans(transport, session.registry()))
-    if args.jobs:
-        wanted = set(args.jobs)
-        orphans = [o for o in orphans if {o.job_id, o.cluster_id} & wanted]
-    if not orphans:
-        print("no orphaned jobs")
-        return 0
-    chosen = [o for o in orphans if args.yes or _confirm(o, ask)]
-    for orphan in orphans:
-        print(f"job {orphan.job_id} (cluster {orphan.cluster_id}): {orphan.why}")
-    slurm = SlurmClient(transport)
-    for orphan in chosen:
-        run_sync(slurm.cancel(orphan.job_id))
-        print(f"cancelled job {orphan.job_id}")
-    if len(chosen) < len(orphans):
-        print(f"kept {len(orphans) - len(chosen)} job(s); --yes cancels without asking")
+    lines = commands.gc(session, args.jobs, lambda o: args.yes or _confirm(o, ask))
+    print("\n".join(lines))
     return 0
 
 
@@ -121,6 +107,7 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "down": _down,
     "logs": _logs,
     "gc": _gc,
+    "forget": _forget,
 }
 
 if __name__ == "__main__":  # pragma: no cover

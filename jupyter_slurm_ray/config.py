@@ -107,6 +107,11 @@ class SlurmRay(Configurable):
     ).tag(config=True)
     fixed_port_base = _int("First port of the block when port_strategy is 'fixed'.")
     worker_ports = _int("Worker ports per node.")
+    port_lock_dir = _text(
+        "Directory on the compute nodes where users coordinate port blocks (a site's shared, "
+        "root-owned sticky directory); unset: /tmp/jupyter-slurm-ray-ports when the site "
+        "provides it so, else a directory of your own."
+    )
     network_interface = _text("Interface whose address Ray uses on each node (e.g. ib0).")
     node_ip_address_command = _text("Shell command printing each node's address for Ray.")
     ray_start_args = _lines("More `ray start` long options, one per entry.")
@@ -127,6 +132,13 @@ class SlurmRay(Configurable):
     )
     connect_timeout = _float("Seconds one Ray Client connect attempt may take (default 30).")
     poll_interval = _float("Seconds between two Slurm status queries (default 1).")
+    submit_timeout = _float(
+        "Seconds sbatch may take (default 60); past it the job is looked up by its tag and "
+        "adopted if it was queued."
+    )
+    record_retention_days = _float(
+        "Days an ended cluster's record is kept before it is forgotten (default 7)."
+    )
     # -- where Slurm runs -----------------------------------------------------------------
     login_host = _text("Login node to reach over SSH; unset means Slurm runs on this machine.")
     login_user = _text("User name on the login node.")
@@ -151,7 +163,7 @@ class SlurmRay(Configurable):
 
 # ----------------------------------------------------------------------------- env overrides
 
-_FLOATS = frozenset({"connect_timeout", "poll_interval"})
+_FLOATS = frozenset({"connect_timeout", "poll_interval", "submit_timeout", "record_retention_days"})
 _INTS = frozenset({"login_port"})
 _ARGV_LISTS = frozenset({"command_prefix", "extra_sbatch", "ray_start_args"})
 

@@ -40,6 +40,22 @@ class SlurmError(SlurmRayError):
     """Slurm refused or failed a request; the message is Slurm's own."""
 
 
+class SlurmUnavailable(SlurmError):
+    """Slurm gave no answer (controller down, restarting, paused or overloaded; login node
+    unreachable): nothing can be concluded about any job from it."""
+
+
+class UnknownTarget(SlurmRayError):
+    """A record names a place to run Slurm commands that this process is not configured for.
+
+    Records are data: a transport is only ever built from this process's own configuration.
+    """
+
+
+class RegistryError(SlurmRayError):
+    """The registry directory or a record in it cannot be trusted or read."""
+
+
 class RayStartError(SlurmRayError):
     """Ray could not be started in the allocation; carries the relevant log lines."""
 
@@ -50,3 +66,15 @@ class RayStartError(SlurmRayError):
 
 class ConnectError(SlurmRayError):
     """The notebook could not connect to the Ray cluster (versions, token, network)."""
+
+
+class ClusterTimeout(SlurmRayError, TimeoutError):
+    """The cluster did not get through the queue, or Ray did not start, in the allowed time."""
+
+
+class NotFound(SlurmRayError):
+    """No cluster of that name or id in the registry."""
+
+
+class Conflict(SlurmRayError):
+    """The request does not fit the cluster's state (e.g. forgetting an active cluster)."""

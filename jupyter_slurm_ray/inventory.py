@@ -1,52 +1,233 @@
-"""Every cluster of the registry reconciled with Slurm, and our jobs that no live record owns."""
+"""Every cluster of the registry reconciled with Slurm: the one view the CLI, the magics and the
+server share, and our jobs that no live record owns.
+
+Reconciling costs ONE Slurm query per target per refresh, shared by concurrent callers and
+reused for ``max_age`` seconds (the server's many browsers), whatever the number of clusters.
+A record this process cannot reach (its target is not configured here) or cannot read is shown
+as such, with its last known state; nothing in a record is ever executed.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
-from .errors import SlurmRayError
-from .registry import ClusterRecord, Registry
+from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
+from .naming import job_comment
+from .registry import ClusterRecord, Registry, Unreadable
 from .slurm import JobInfo, SlurmClient
-from .states import EventSummary, State, Status, derive_status
-from .transport import Transport, transport_for_target
+from .states import EventSummary, State, Status, derive_status, status_of_record
+from .targets import Transports
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JOB_TAG", "Entry", "Orphan", "find_orphans", "format_table", "reconcile"]
-
-JOB_TAG = "jupyter-slurm-ray:"  # the job comment the job script sets, before the cluster id
-
-TransportFor = Callable[[dict[str, Any]], Transport]
+__all__ = ["Entry", "Inventory", "Orphan", "find_orphans", "format_table", "reconcile"]
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One record with what Slurm says about its job right now."""
+    """One record (or unreadable record file) with its state reconciled with Slurm now."""
 
-    record: ClusterRecord
-    state: str
+    id: str
+    record: ClusterRecord | None  # None: the file could not be read (see ``error``)
+    status: Status
     job: JobInfo | None = None
+    error: str | None = None  # why the record is unreadable, or its target unreachable
+
+    @property
+    def unreadable(self) -> bool:
+        return self.record is None
+
+    @property
+    def state(self) -> str:
+        return "UNREADABLE" if self.record is None else self.status.state.value
+
+    @property
+    def active(self) -> bool:
+        return self.record is not None and not self.status.state.is_final
 
     @property
     def owner(self) -> str:
         record = self.record
+        if record is None:
+            return "?"
         if record.owner_pid == os.getpid():
             return "this process"
         if record.detached:
             return "detached"
-        alive = record.owner_alive
-        return f"pid {record.owner_pid}" + ("" if alive else " (gone)")
+        return f"pid {record.owner_pid}" + (" (gone)" if record.owner_gone else "")
+
+
+@dataclass
+class _Snapshot:
+    asked: set[str] = field(default_factory=set)  # the job ids Slurm was asked about
+    jobs: dict[str, JobInfo] = field(default_factory=dict)
+    silent: dict[str, tuple[float, str]] = field(default_factory=dict)  # target -> since, why
+    taken: float = 0.0  # time.monotonic()
+    at: float = 0.0  # time.time()
+
+
+def reconcile(
+    record: ClusterRecord,
+    job: JobInfo | None,
+    *,
+    answered: bool = True,
+    silent_since: float | None = None,
+) -> Status:
+    """The record's status corrected by what Slurm says now (e.g. the job ended meanwhile).
+
+    ``answered`` with ``job`` None: Slurm positively does not know the job (it ended long
+    ago). Not ``answered``: Slurm was silent since ``silent_since``; the last known state
+    stands, marked so.
+    """
+    previous = status_of_record(record)
+    if previous.state.is_final or not record.job_id:
+        return previous
+    if not answered:
+        return replace(previous, slurm_unreachable_since=silent_since)
+    events = EventSummary(
+        phase=record.phase, joined=record.nodes_joined, ready=previous.state.is_up
+    )
+    events.nodes_lost = list(record.nodes_lost)
+    status = derive_status(
+        replace(previous, slurm_unreachable_since=None),
+        job,
+        events,
+        connected=previous.state is State.CONNECTED and record.owner_alive,
+        stopping=previous.state is State.STOPPING,
+        job_forgotten=job is None,
+    )
+    return status
+
+
+class Inventory:
+    """The registry's records reconciled with Slurm, one query per target per refresh."""
+
+    def __init__(self, registry: Registry, transports: Transports, *, max_age: float = 0.0) -> None:
+        self.registry = registry
+        self.transports = transports
+        self.max_age = max_age
+        self.slurm_queries = 0
+        self._snapshot = _Snapshot()
+        self._refreshing: asyncio.Task[_Snapshot] | None = None
+        self._silent_since: dict[str, float] = {}
 
     @property
-    def active(self) -> bool:
-        return self.state not in {s.value for s in State if s.is_final} | {"UNKNOWN"}
+    def reconciled_at(self) -> float:
+        return self._snapshot.at
+
+    def expire(self) -> None:
+        """The next read asks Slurm again (after we changed something ourselves)."""
+        self._snapshot = replace(self._snapshot, taken=0.0)
+
+    async def entries(self) -> list[Entry]:
+        """Every record, oldest first, then the unreadable ones."""
+        records, unreadable = self.registry.scan()
+        snapshot = await self._fresh(records)
+        entries = [self._entry(record, snapshot) for record in records]
+        for entry in entries:
+            self._settle(entry)
+        return entries + [_unreadable_entry(u) for u in unreadable]
+
+    def _settle(self, entry: Entry) -> None:
+        """Write an ended state into a record whose owner can no longer do it (gone, or not
+        this process and not judged alive), so no record claims a cluster that is gone."""
+        record = entry.record
+        if record is None or record.is_final or not entry.status.state.is_final:
+            return
+        if record.owner_pid == os.getpid() or record.owner_process.alive:
+            return  # the owner writes its own record
+        record.state, record.reason = entry.status.state.value, entry.status.reason
+        try:
+            self.registry.save(record)
+        except (OSError, SlurmRayError) as exc:
+            log.warning("could not record that %s ended: %s", record.id, exc)
+
+    def _entry(self, record: ClusterRecord, snapshot: _Snapshot) -> Entry:
+        if not self.transports.reaches(record.target):
+            why = f"started through {record.target!r}, which this process is not configured for"
+            return Entry(record.id, record, status_of_record(record), error=why)
+        if record.job_id not in snapshot.asked:  # no news (e.g. submitted since the query)
+            return Entry(record.id, record, status_of_record(record))
+        job = snapshot.jobs.get(record.job_id or "")
+        silent = snapshot.silent.get(record.target)
+        if silent is not None and not record.is_final:
+            status = reconcile(record, None, answered=False, silent_since=silent[0])
+            return Entry(record.id, record, replace(status, notice=silent[1]), job)
+        return Entry(record.id, record, reconcile(record, job), job)
+
+    async def _fresh(self, records: Sequence[ClusterRecord]) -> _Snapshot:
+        age = time.monotonic() - self._snapshot.taken
+        unasked = {r.job_id for r in self._watched(records)} - self._snapshot.asked
+        if self._snapshot.taken and age < self.max_age and not unasked:
+            return self._snapshot
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh(list(records)))
+        return await asyncio.shield(self._refreshing)
+
+    def _watched(self, records: Sequence[ClusterRecord]) -> list[ClusterRecord]:
+        """The records whose job Slurm is asked about: active, on a target reached here."""
+        return [
+            r for r in records if r.job_id and not r.is_final and self.transports.reaches(r.target)
+        ]
+
+    async def _refresh(self, records: list[ClusterRecord]) -> _Snapshot:
+        by_target: dict[str, list[str]] = {}
+        for record in self._watched(records):
+            assert record.job_id is not None
+            by_target.setdefault(record.target, []).append(record.job_id)
+        snapshot = _Snapshot(taken=time.monotonic(), at=time.time())
+        snapshot.asked = {j for ids in by_target.values() for j in ids}
+        for target, job_ids in by_target.items():
+            self.slurm_queries += 1
+            try:
+                transport = self.transports.for_target(target)
+                snapshot.jobs.update(await SlurmClient(transport).query(job_ids))
+                self._silent_since.pop(target, None)
+            except (SlurmUnavailable, UnknownTarget) as exc:
+                since = self._silent_since.setdefault(target, time.time())
+                snapshot.silent[target] = (since, str(exc))
+                log.warning("Slurm did not answer about %s: %s", ",".join(job_ids), exc)
+        self._snapshot = snapshot
+        return snapshot
 
 
+def _unreadable_entry(item: Unreadable) -> Entry:
+    status = Status(State.FAILED, reason=f"unreadable record: {item.error}")
+    return Entry(item.id, None, status, error=item.error)
+
+
+def format_table(entries: Sequence[Entry]) -> str:
+    """A plain-text table of entries (or a sentence when there are none)."""
+    if not entries:
+        return "no clusters"
+    header = ("NAME", "ID", "JOB", "STATE", "NODES", "OWNER", "WHERE")
+    rows = [header]
+    notes = []
+    for e in entries:
+        r = e.record
+        if r is None:
+            rows.append(("?", e.id, "-", e.state, "-", "?", "-"))
+            notes.append(f"{e.id}: unreadable record: {e.error}")
+            continue
+        nodes = f"{e.status.nodes_joined}/{r.nodes_wanted}"
+        state = e.state + (" (Slurm silent)" if e.status.slurm_unreachable_since else "")
+        rows.append((r.name, r.id, r.job_id or "-", state, nodes, e.owner, r.target))
+        if e.error:
+            notes.append(f"{e.id}: {e.error}")
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    table = "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+    return "\n".join([table, *notes])
+
+
+# -- orphans ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Orphan:
     """A job of ours (by its comment tag) that no live record owns."""
@@ -56,90 +237,38 @@ class Orphan:
     why: str
 
 
-def _target_key(target: dict[str, Any]) -> str:
-    return json.dumps(target, sort_keys=True)
-
-
-async def reconcile(
-    records: Iterable[ClusterRecord], transport_for: TransportFor = transport_for_target
-) -> list[Entry]:
-    """Entries for ``records``; one Slurm query per distinct target for the unfinished ones."""
-    records = list(records)
-    groups: dict[str, list[ClusterRecord]] = {}
-    for record in records:
-        if record.job_id and not State(record.state).is_final:
-            groups.setdefault(_target_key(record.target), []).append(record)
-    jobs: dict[str, JobInfo] = {}
-    unknown_targets = set()
-    for key, members in groups.items():
-        try:
-            slurm = SlurmClient(transport_for(members[0].target))
-            jobs.update(await slurm.query([r.job_id for r in members if r.job_id]))
-        except SlurmRayError as exc:
-            log.warning("cannot ask Slurm about %s: %s", members[0].target, exc)
-            unknown_targets.add(key)
-    return [_entry(r, jobs, _target_key(r.target) in unknown_targets) for r in records]
-
-
-def _entry(record: ClusterRecord, jobs: dict[str, JobInfo], unreachable: bool) -> Entry:
-    state = State(record.state)
-    if state.is_final or not record.job_id or unreachable:
-        return Entry(record, record.state)
-    job = jobs.get(record.job_id)
-    if job is None:
-        return Entry(record, "UNKNOWN")
-    if job.is_final:
-        previous = Status(state, job_id=record.job_id, nodes_wanted=record.nodes_wanted)
-        return Entry(record, derive_status(previous, job, EventSummary()).state.value, job)
-    if job.is_pending and state is not State.PENDING:
-        return Entry(record, State.PENDING.value, job)
-    return Entry(record, record.state, job)
-
-
-def format_table(entries: Sequence[Entry]) -> str:
-    """A plain-text table of entries (or a sentence when there are none)."""
-    if not entries:
-        return "no clusters"
-    header = ("NAME", "ID", "JOB", "STATE", "NODES", "OWNER", "WHERE")
-    rows = [header]
-    for e in entries:
-        r = e.record
-        where = r.target.get("kind", "?")
-        if r.target.get("host"):
-            where += f" {r.target['host']}"
-        nodes = f"{r.nodes_joined}/{r.nodes_wanted}"
-        rows.append((r.name, r.id, r.job_id or "-", e.state, nodes, e.owner, where))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
-async def find_orphans(transport: Transport, registry: Registry) -> list[Orphan]:
+async def find_orphans(slurm: SlurmClient, registry: Registry) -> list[Orphan]:
     """Our active jobs (tagged ``jupyter-slurm-ray:<id>``) whose record is missing, is for
-    another job, or belongs to a process that is gone and did not detach."""
-    tagged = await SlurmClient(transport).job_ids_with_comment(JOB_TAG)
+    another job, or belongs to a process that is gone and did not detach. A job whose record
+    exists but cannot be read is never offered: it may well be alive."""
+    tagged = await slurm.tagged_jobs()
+    records, unreadable = registry.scan()
+    by_id = {r.id: r for r in records}
+    unreadable_ids = {u.id for u in unreadable}
+    if "(registry)" in unreadable_ids:
+        raise SlurmRayError(f"the registry cannot be trusted: {unreadable[0].error}")
     orphans = []
-    for job_id, comment in sorted(tagged.items(), key=lambda item: int(item[0])):
-        cluster_id = comment[len(JOB_TAG) :]
-        why = _why_orphan(job_id, cluster_id, registry)
+    for job_id, cluster_id in sorted(tagged.items(), key=lambda item: int(item[0])):
+        if cluster_id in unreadable_ids:
+            continue
+        why = _why_orphan(job_id, by_id.get(cluster_id))
         if why:
             orphans.append(Orphan(job_id, cluster_id, why))
     return orphans
 
 
-def _why_orphan(job_id: str, cluster_id: str, registry: Registry) -> str | None:
-    try:
-        record = registry.load(cluster_id)
-    except SlurmRayError:
-        return f"its tag names no valid cluster id ({cluster_id!r})"
+def _why_orphan(job_id: str, record: ClusterRecord | None) -> str | None:
     if record is None:
         return "no record of it"
     if record.job_id != job_id:
         return f"its record is for job {record.job_id}"
     if record.detached:
         return None
-    if not record.owner_alive:
+    if record.owner_gone:
         return f"its owner (pid {record.owner_pid}) is gone and it was not detached"
     return None
+
+
+def tag_matches(job: JobInfo | None, cluster_id: str) -> bool:
+    """The job really is this cluster's (its comment carries the cluster's tag)."""
+    return job is not None and job.comment == job_comment(cluster_id)

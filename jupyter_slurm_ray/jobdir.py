@@ -4,6 +4,10 @@
 ``ray_token`` (0600), ``lease`` (rewritten by the owner), ``detached`` (marker),
 ``events.jsonl`` and ``connection.json`` (written by the bootstrap), ``slurm-<job>.out|err`` and
 ``logs/ray-{head,worker}-<host>.log``. The directory itself is 0700.
+
+The job dir root must be a tree only the user (or root) can change: every directory on its
+path is checked before anything is written (see :func:`probe_site`), the job dir is created
+fresh (never reused), and the job script checks its job dir again before running from it.
 """
 
 from __future__ import annotations
@@ -12,18 +16,81 @@ import contextlib
 import json
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import SlurmRayError
+from .errors import CommandError, SlurmRayError, SpecError
+from .jobenv import exported_names, parse_env0
 from .shipping import bootstrap_files
 from .spec import ClusterSpec
-from .transport import Transport
+from .transport import Transport, tar_base64
 
 EVENTS = "events.jsonl"
+SCRIPT = "job.sbatch"
 CONNECTION = "connection.json"
 TOKEN = "ray_token"
 LEASE = "lease"
 DETACHED = "detached"
+
+
+_UNTRUSTED_EXIT = 6
+# Constant program (``sh -c PROBE sh ROOT``): resolves the job dir root ("~/" against $HOME,
+# symbolic links followed), checks every existing directory on its path, then prints
+# HOME NUL ROOT NUL and the environment (NUL-separated) whose variable names the job exports.
+_PROBE = (
+    'root=$1; case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac; '
+    'real=$(realpath -m -- "$root") || exit 5; uid=$(id -u); d=$real; '
+    "while :; do "
+    'if [ -e "$d" ]; then '
+    "set -- $(stat -c '%u %a' -- \"$d\"); "
+    'if [ "$1" != "$uid" ] && [ "$1" != 0 ]; then '
+    'echo "$d belongs to uid $1, not to you or root" >&2; exit 6; fi; '
+    'if [ $((0$2 & 18)) != 0 ] && { [ "$1" != 0 ] || [ $((0$2 & 512)) = 0 ]; }; then '
+    'echo "$d is writable by other users (mode $2)" >&2; exit 6; fi; '
+    "fi; "
+    '[ "$d" = / ] && break; d=$(dirname -- "$d"); '
+    "done; "
+    'printf \'%s\\0%s\\0\' "$HOME" "$real"; exec env -0'
+)
+# Constant program (``sh -c CREATE sh ROOT NAME``): the job dir, fresh, with its files
+# from a base64 tar on stdin, in one command (one round trip over SSH).
+_CREATE = (
+    'umask 077; mkdir -p -- "$1" && mkdir -- "$1/$2" && '
+    'base64 -d | tar -x -f - -C "$1/$2" --no-same-owner --no-same-permissions'
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the submitting side looks like: its home, the job dir root, exported names."""
+
+    home: str
+    job_dir_root: str  # absolute, symbolic links resolved, checked
+    exported: tuple[str, ...]
+
+
+async def probe_site(transport: Transport, job_dir_root: str) -> Site:
+    """One command: resolve and check ``job_dir_root``, and list the exported variables.
+
+    SpecError (field job_dir_root) when a directory on its path belongs to another user or
+    is writable by others (root's sticky directories like /tmp excepted).
+    """
+    argv = ["sh", "-c", _PROBE, "sh", job_dir_root]
+    result = await transport.run(argv, check=False)
+    if result.returncode == _UNTRUSTED_EXIT:
+        allowed = (
+            "a directory tree only you (or root) can change: "
+            f"{result.stderr.strip()}; choose another job_dir_root or fix the permissions"
+        )
+        raise SpecError("job_dir_root", job_dir_root, allowed)
+    if result.returncode != 0:
+        raise CommandError(list(argv[:2]), result.returncode, result.stdout, result.stderr)
+    home, rest = result.stdout.split("\0", 1) if "\0" in result.stdout else ("", "")
+    root, _, env = rest.partition("\0")
+    if not root.startswith("/"):
+        raise SlurmRayError(f"cannot resolve the job dir root {job_dir_root!r} on the cluster")
+    _, names = parse_env0("\0" + env)
+    return Site(home, root, tuple(exported_names(names)))
 
 
 class JobDir:
@@ -40,15 +107,25 @@ class JobDir:
         """The job's command: the shipped bootstrap package run as a directory."""
         return [python, self.file("bootstrap"), "head", self.path]
 
-    async def prepare(self, spec: ClusterSpec, cluster_id: str) -> None:
-        """Create the directory with the bootstrap, its settings and a fresh Ray token.
-
-        One command whatever the transport (one round trip over SSH)."""
+    async def create(self, spec: ClusterSpec, cluster_id: str, *, script: str, lease: str) -> None:
+        """Create the directory, fresh (it must not exist), with the job script, the bootstrap,
+        its settings, the owner's first lease and a new Ray token: one command whatever the
+        transport (one round trip over SSH)."""
         files = {f"bootstrap/{name}": text for name, text in bootstrap_files().items()}
         files["bootstrap.json"] = json.dumps(bootstrap_settings(spec, cluster_id), indent=1)
         files[TOKEN] = secrets.token_urlsafe(32) + "\n"
+        files[LEASE] = lease
+        files[SCRIPT] = script
         files["logs/.keep"] = ""
-        await self.transport.write_files(self.path, files)
+        root, _, name = self.path.rpartition("/")
+        archive = tar_base64(files)
+        try:
+            await self.transport.run(["sh", "-c", _CREATE, "sh", root or "/", name], input=archive)
+        except CommandError as exc:
+            raise SlurmRayError(f"cannot create the job dir {self.path}: {exc}") from None
+
+    async def remove(self) -> None:
+        await self.transport.run(["rm", "-rf", "--", self.path], check=False)
 
     async def write_lease(self, content: str) -> None:
         await self.transport.write_file(self.file(LEASE), content, 0o600)
@@ -63,6 +140,9 @@ class JobDir:
 
     async def read_connection(self) -> str:
         return await self.transport.read_file(self.file(CONNECTION))
+
+    async def read_connection_if_ready(self) -> str | None:
+        return await self.transport.read_file_if_exists(self.file(CONNECTION))
 
     async def read_token(self) -> str:
         return (await self.transport.read_file(self.file(TOKEN))).strip()
@@ -99,7 +179,7 @@ def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
         "object_store_memory": spec.object_store_memory,
         "idle_timeout": spec.idle_timeout,
         "start_timeout": spec.start_timeout,
-        "lock_dir": None,
+        "lock_dir": spec.port_lock_dir,
     }
 
 

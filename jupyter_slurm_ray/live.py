@@ -18,7 +18,8 @@ import ipywidgets as widgets
 from traitlets import Unicode
 
 from .aio import background_loop
-from .reprs import badge_html, dashboard_links, status_line
+from .formatting import status_line
+from .reprs import badge_html, dashboard_links
 from .states import Status
 
 if TYPE_CHECKING:

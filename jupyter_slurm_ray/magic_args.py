@@ -133,6 +133,10 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     logs.add_argument("--node", metavar="HOST", help="a node's Ray log instead of the job output")
     logs.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines (100)")
 
+    forget = add("forget", "Delete the record of an ended cluster (its job dir stays).")
+    forget.add_argument("name", nargs="?", help="a cluster name, id or Slurm job id")
+    forget.add_argument("--ended", action="store_true", help="every ended cluster")
+
     attach = add("attach", "Adopt a running cluster (e.g. after a kernel restart) and connect.")
     attach.add_argument("name", help="a cluster name, id or Slurm job id from the registry")
     attach.add_argument("--no-connect", action="store_true", help="do not connect this kernel")

@@ -14,15 +14,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from . import commands
 from .aio import run_sync
 from .cluster import SlurmRayCluster
 from .config import SPEC_SETTINGS, SlurmRay, effective_setting, load_profiles, profiles_path
 from .config import resolve_spec as resolve_settings
 from .errors import SlurmRayError, SpecError
-from .inventory import format_table, reconcile
+from .formatting import status_line
 from .live import StatusView, TextProgress, frontend_has_widgets
 from .magic_args import ArgumentError, HelpRequested, parse, setup_lines, spec_arguments
-from .reprs import cluster_mimebundle, dashboard_links, status_line
+from .reprs import cluster_mimebundle, dashboard_links
 from .session import get_session
 from .sitecheck import check_with_slurm
 from .spec import ClusterSpec
@@ -40,6 +41,8 @@ _SESSION_SETTINGS = (
     "profiles_file",
     "connect_timeout",
     "poll_interval",
+    "submit_timeout",
+    "record_retention_days",
     "login_host",
     "login_user",
     "login_port",
@@ -52,7 +55,7 @@ _SESSION_SETTINGS = (
 @magics_class
 class SlurmRayMagics(Magics):
     """``%slurm_ray COMMAND …``: up, down, status, list, logs, attach, connect, disconnect,
-    script, dashboard, config, panel. ``%slurm_ray --help`` lists them."""
+    forget, script, dashboard, config, panel. ``%slurm_ray --help`` lists them."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -152,18 +155,7 @@ class SlurmRayMagics(Magics):
         self._summary(cluster)
 
     def _down(self, args: argparse.Namespace, cell: str | None) -> None:
-        if args.all and args.name:
-            raise ArgumentError("%slurm_ray down: give a NAME or --all, not both")
-        if not args.all:
-            clusters = [self.session.find(args.name)]
-        else:
-            entries = run_sync(reconcile(self.session.registry().all(), self.session.transport))
-            clusters = [self.session.find(e.record.id) for e in entries if e.active]
-            if not clusters:
-                print("no active clusters")
-        for cluster in clusters:
-            cluster.down()
-            print(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
+        print("\n".join(commands.down(self.session, args.name, everything=args.all)))
 
     def _status(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.find(args.name)
@@ -171,13 +163,13 @@ class SlurmRayMagics(Magics):
         display(cluster_mimebundle(cluster), raw=True)
 
     def _list(self, args: argparse.Namespace, cell: str | None) -> None:
-        entries = run_sync(reconcile(self.session.registry().all(), self.session.transport))
-        print(format_table(entries))
+        print(commands.list_table(self.session))
 
     def _logs(self, args: argparse.Namespace, cell: str | None) -> None:
-        cluster = self.session.find(args.name)
-        text = cluster.logs(node=args.node, tail=args.tail)
-        print(text or f"no output yet for {cluster.spec.name} (job {cluster.job_id})")
+        print(commands.logs(self.session, args.name, node=args.node, tail=args.tail))
+
+    def _forget(self, args: argparse.Namespace, cell: str | None) -> None:
+        print("\n".join(commands.forget(self.session, args.name, ended=args.ended)))
 
     def _attach(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.find(args.name)

@@ -2,6 +2,11 @@
 
 Records live in a per-user state directory (mode 0700) and are written atomically (a temporary
 file in the same directory, then ``os.replace``), so a reader never sees half a record.
+
+Records are data, never code: a record only names the target it needs (see ``targets.py``).
+A directory or file that another user owns or could write is refused, and a record that cannot
+be read (truncated JSON, wrong shape, unknown state) becomes an :class:`Unreadable` entry that
+every reader shows, never an exception.
 """
 
 from __future__ import annotations
@@ -11,20 +16,25 @@ import getpass
 import json
 import logging
 import os
-import re
 import socket
+import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import SlurmRayError
+from .errors import RegistryError, SlurmRayError
+from .naming import CLUSTER_ID_ALLOWED, is_cluster_id, target_name
+from .owner import ProcessIdentity, this_process
+from .states import FINAL, State
 
 log = logging.getLogger(__name__)
 
-_ID = re.compile(r"^[a-z0-9][a-z0-9-]{3,63}$")
+RECORD_STATES = frozenset(state.value for state in State)
+FINAL_RECORD_STATES = frozenset(state.value for state in FINAL)
+MAX_RECORD_BYTES = 1 << 20
 
 
 def default_state_dir() -> Path:
@@ -46,7 +56,7 @@ class ClusterRecord:
 
     id: str
     name: str
-    target: dict[str, Any]  # how to reach the cluster side: {"kind": "local"|"ssh", ...}
+    target: str  # the name of where Slurm commands run (Transport.target)
     job_dir: str
     job_id: str | None = None
     state: str = "SUBMITTING"
@@ -54,15 +64,18 @@ class ClusterRecord:
     phase: str | None = None
     nodes_wanted: int = 1
     nodes_joined: int = 0
+    nodes_lost: list[str] = field(default_factory=list)
     gpus_per_node: int = 0
     time_limit: int | None = None
     time_left: int | None = None
+    slurm_unreachable_since: float | None = None
     head_ip: str | None = None
     client_port: int | None = None
     dashboard_port: int | None = None
     forwards: dict[str, int] = field(default_factory=dict)  # "client"/"dashboard" -> local port
     owner_pid: int = field(default_factory=os.getpid)
     owner_host: str = field(default_factory=socket.gethostname)
+    owner_started: str | None = field(default_factory=lambda: this_process().started)
     owner: str = field(default_factory=getpass.getuser)
     detached: bool = False
     spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()
@@ -73,76 +86,207 @@ class ClusterRecord:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterRecord:
+        """A record from parsed JSON; RegistryError naming the field when the shape is wrong.
+
+        Fields of newer versions are ignored; a missing optional field takes its default.
+        """
+        if not isinstance(data, Mapping):
+            raise RegistryError("not a JSON object")
+        known = {f.name: f for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for name in ("id", "name", "target", "job_dir"):
+            if name not in values:
+                raise RegistryError(f"the field {name!r} is missing")
+        if isinstance(values.get("target"), Mapping):  # written by an older version
+            values["target"] = target_name(values["target"])
+        for name, value in values.items():
+            _check_field(name, value)
+        return cls(**values)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_RECORD_STATES
+
+    @property
+    def owner_process(self) -> ProcessIdentity:
+        return ProcessIdentity(self.owner_host, self.owner_pid, self.owner_started)
 
     @property
     def owner_alive(self) -> bool:
-        """Is the owning process still running (only knowable on the same host)?"""
-        if self.owner_host != socket.gethostname():
-            return True
-        try:
-            os.kill(self.owner_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _not_zombie(self.owner_pid)
+        """False only when the owning process is known to be gone (same host, pid dead or
+        reused); True when it runs or cannot be judged from here (another host)."""
+        return self.owner_process.alive is not False
+
+    @property
+    def owner_gone(self) -> bool:
+        """The owning process is known to be gone (it ran on this host and is not there)."""
+        return self.owner_process.alive is False
 
 
-def _not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+_OPTIONAL_STR = (str, type(None))
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "name": (str,),
+    "target": (str,),
+    "job_dir": (str,),
+    "job_id": _OPTIONAL_STR,
+    "state": (str,),
+    "reason": _OPTIONAL_STR,
+    "phase": _OPTIONAL_STR,
+    "nodes_wanted": (int,),
+    "nodes_joined": (int,),
+    "nodes_lost": (list,),
+    "gpus_per_node": (int,),
+    "time_limit": (int, type(None)),
+    "time_left": (int, type(None)),
+    "slurm_unreachable_since": (int, float, type(None)),
+    "head_ip": _OPTIONAL_STR,
+    "client_port": (int, type(None)),
+    "dashboard_port": (int, type(None)),
+    "forwards": (dict,),
+    "owner_pid": (int,),
+    "owner_host": (str,),
+    "owner_started": _OPTIONAL_STR,
+    "owner": (str,),
+    "detached": (bool,),
+    "spec": (dict,),
+    "created_at": (int, float),
+    "updated_at": (int, float),
+}
+
+
+def _check_field(name: str, value: Any) -> None:
+    allowed = _FIELD_TYPES[name]
+    wrong_bool = isinstance(value, bool) and bool not in allowed
+    if wrong_bool or not isinstance(value, allowed):
+        raise RegistryError(f"the field {name!r} has the wrong type ({type(value).__name__})")
+    if name == "id" and not is_cluster_id(value):
+        raise RegistryError(f"the id {value!r} is not {CLUSTER_ID_ALLOWED}")
+    if name == "state" and value not in RECORD_STATES:
+        raise RegistryError(f"unknown state {value!r}")
+    if name == "job_id" and value is not None and not value.isdigit():
+        raise RegistryError(f"the job id {value!r} is not a Slurm job id")
+    if name == "nodes_lost" and not all(isinstance(host, str) for host in value):
+        raise RegistryError("the field 'nodes_lost' is not a list of host names")
+    if name == "forwards" and not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in value.items()
+    ):
+        raise RegistryError("the field 'forwards' is not a mapping of names to ports")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record file (or the registry itself) that could not be trusted or read."""
+
+    id: str  # the file's stem, or "(registry)" for the directory
+    error: str
+
+
+def _untrusted(info: os.stat_result, what: str) -> str | None:
+    """Why a file or directory must not be trusted, or None."""
+    if info.st_uid != os.getuid():
+        return f"{what} is owned by uid {info.st_uid}, not by this user ({os.getuid()})"
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        mode = oct(stat.S_IMODE(info.st_mode))
+        return f"{what} is writable by other users (mode {mode}); chmod go-w it"
+    return None
 
 
 class Registry:
-    """The directory of cluster records."""
+    """The directory of cluster records (``<state dir>/clusters``) and local token copies."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_state_dir()
 
-    def _ensure_dir(self) -> Path:
-        clusters = self.path / "clusters"
-        for d in (self.path, clusters, self.path / "tokens"):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(d, 0o700)
-        return clusters
+    # -- the directories ---------------------------------------------------------------------
+    def _dirs(self) -> tuple[Path, Path, Path]:
+        return self.path, self.path / "clusters", self.path / "tokens"
+
+    def _ensure_dirs(self) -> Path:
+        """Create the directories 0700 if missing; RegistryError if one is not trustworthy."""
+        for directory in self._dirs():
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700, parents=True)
+        problem = self.problem()
+        if problem:
+            raise RegistryError(problem)
+        return self.path / "clusters"
+
+    def problem(self) -> str | None:
+        """Why the registry's directories must not be trusted, or None (also when missing)."""
+        for directory in self._dirs():
+            try:
+                info = os.lstat(directory)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                return f"the registry path {directory} is not a directory"
+            why = _untrusted(info, f"the registry directory {directory}")
+            if why:
+                return why
+        return None
 
     def _file(self, cluster_id: str) -> Path:
-        if not _ID.match(cluster_id):
-            raise SlurmRayError(f"not a cluster id: {cluster_id!r}")
+        if not is_cluster_id(cluster_id):
+            raise SlurmRayError(f"not a cluster id: {cluster_id!r} ({CLUSTER_ID_ALLOWED})")
         return self.path / "clusters" / f"{cluster_id}.json"
 
+    # -- records -----------------------------------------------------------------------------
     def save(self, record: ClusterRecord) -> None:
         record.updated_at = time.time()
-        clusters = self._ensure_dir()
+        clusters = self._ensure_dirs()
         write_atomic(clusters / f"{record.id}.json", record.to_json(), 0o600)
 
     def load(self, cluster_id: str) -> ClusterRecord | None:
+        """The record, None when there is none; RegistryError when it cannot be trusted/read."""
+        path = self._file(cluster_id)
+        problem = self.problem()
+        if problem:
+            raise RegistryError(problem)
         try:
-            data = json.loads(self._file(cluster_id).read_text())
+            text = _read_private(path)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            log.warning("unreadable cluster record %s: %s", cluster_id, exc)
-            return None
-        return ClusterRecord.from_dict(data)
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RegistryError(f"not valid JSON ({exc})") from None
+        record = ClusterRecord.from_dict(data)
+        if record.id != cluster_id:
+            raise RegistryError(f"the record's id {record.id!r} is not its file name's")
+        return record
 
-    def __iter__(self) -> Iterator[ClusterRecord]:
+    def scan(self) -> tuple[list[ClusterRecord], list[Unreadable]]:
+        """Every record, oldest first, and every file that could not be read (with why)."""
+        problem = self.problem()
+        if problem:
+            log.warning("not reading cluster records: %s", problem)
+            return [], [Unreadable("(registry)", problem)]
+        records, unreadable = [], []
+        for cluster_id in self._ids():
+            try:
+                record = self.load(cluster_id)
+            except (RegistryError, OSError) as exc:
+                log.warning("unreadable cluster record %s: %s", cluster_id, exc)
+                unreadable.append(Unreadable(cluster_id, str(exc)))
+                continue
+            if record is not None:
+                records.append(record)
+        return sorted(records, key=lambda r: r.created_at), unreadable
+
+    def _ids(self) -> Iterator[str]:
         clusters = self.path / "clusters"
         if not clusters.is_dir():
             return
         for path in sorted(clusters.glob("*.json")):
-            record = self.load(path.stem)
-            if record is not None:
-                yield record
+            if is_cluster_id(path.stem):
+                yield path.stem
 
     def all(self) -> list[ClusterRecord]:
-        return sorted(self, key=lambda r: r.created_at)
+        """The readable records, oldest first (see :meth:`scan` for the others)."""
+        return self.scan()[0]
 
     def find(self, key: str) -> ClusterRecord | None:
         """A record by id, by job id or by name (the newest of that name)."""
@@ -155,15 +299,56 @@ class Registry:
         with contextlib.suppress(FileNotFoundError):
             self.token_path(cluster_id).unlink()
 
+    def prune(self, retention: float, now: float | None = None) -> list[str]:
+        """Delete the records of clusters that ended more than ``retention`` seconds ago."""
+        now = time.time() if now is None else now
+        pruned = []
+        for record in self.all():
+            if record.is_final and now - record.updated_at > retention:
+                self.delete(record.id)
+                pruned.append(record.id)
+        if pruned:
+            log.info("forgot %d ended cluster(s): %s", len(pruned), ", ".join(pruned))
+        return pruned
+
+    # -- tokens ------------------------------------------------------------------------------
     def token_path(self, cluster_id: str) -> Path:
         self._file(cluster_id)  # validates the id
         return self.path / "tokens" / cluster_id
 
     def store_token(self, cluster_id: str, token: str) -> Path:
-        self._ensure_dir()
+        self._ensure_dirs()
         path = self.token_path(cluster_id)
         write_atomic(path, token, 0o600)
         return path
+
+    def read_token(self, cluster_id: str) -> str | None:
+        """This process's copy of a cluster's token, if it has one it can trust."""
+        try:
+            return _read_private(self.token_path(cluster_id)).strip() or None
+        except (FileNotFoundError, RegistryError):
+            return None
+
+
+def _read_private(path: Path) -> str:
+    """A file's text, only if it is a regular file of this user that others cannot write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise RegistryError(f"cannot open {path.name}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise RegistryError(f"{path.name} is not a regular file")
+        why = _untrusted(info, path.name)
+        if why:
+            raise RegistryError(why)
+        data = handle.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise RegistryError(f"{path.name} is larger than {MAX_RECORD_BYTES} bytes")
+    return data.decode("utf-8", errors="replace")
 
 
 def write_atomic(path: Path, text: str, mode: int) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import html
 import os
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .states import State, Status
+from .formatting import status_line
+from .naming import DASHBOARD_BASE_ENV
+from .states import State
 
 if TYPE_CHECKING:
     from .cluster import SlurmRayCluster
@@ -17,8 +18,6 @@ __all__ = [
     "badge_html",
     "cluster_mimebundle",
     "dashboard_links",
-    "format_duration",
-    "status_line",
 ]
 
 _COLOURS = {
@@ -33,57 +32,12 @@ _COLOURS = {
 _FAILURE_COLOUR = "#c62828"
 
 
-def format_duration(seconds: float | None) -> str:
-    """``3725`` → ``"1:02:05"``; days as ``"2-03:04:05"``; ``"?"`` when unknown."""
-    if seconds is None:
-        return "?"
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}" if days else clock
-
-
-def walltime_left(status: Status, now: float | None = None) -> float | None:
-    """Seconds of walltime left now, counted down from Slurm's last answer."""
-    if status.time_left is None:
-        return None
-    now = time.time() if now is None else now
-    return max(0.0, status.time_left - (now - status.at))
-
-
-def status_line(status: Status, *, since: float | None = None, now: float | None = None) -> str:
-    """One line: state, Slurm's reason or start-up phase, est. start, elapsed, time left."""
-    now = time.time() if now is None else now
-    parts = [status.state.value]
-    if status.state is State.STARTING:
-        joined = f"{status.nodes_joined}/{status.nodes_wanted} nodes"
-        parts.append(f"({status.phase or 'starting'}, {joined})")
-    elif status.reason:
-        parts.append(f"({status.reason})")
-    if status.job_id:
-        parts.append(f"job {status.job_id}")
-    if status.state is State.PENDING and status.estimated_start:
-        parts.append(f"est. start {status.estimated_start:%Y-%m-%d %H:%M}")
-    if since is not None and not status.state.is_final:
-        parts.append(f"elapsed {format_duration(now - since)}")
-    left = walltime_left(status, now)
-    if left is not None and status.state.is_up:
-        parts.append(f"{format_duration(left)} left")
-    if status.walltime_warning and not status.state.is_final:
-        parts.append("walltime almost over")
-    return " · ".join(parts)
-
-
 def badge_html(state: State) -> str:
     colour = _COLOURS.get(state, _FAILURE_COLOUR)
     return (
         f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
         f'font-family:monospace;font-size:90%">{state.value}</span>'
     )
-
-
-DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"  # set by the server extension
 
 
 def dashboard_links(cluster: SlurmRayCluster) -> dict[str, str]:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from .cluster import SlurmRayCluster
 from .config import SlurmRay, effective_setting, make_transport
 from .errors import SlurmRayError
+from .inventory import Inventory
 from .registry import Registry
 from .spec import ClusterSpec
 from .states import State
-from .transport import Transport, transport_for_target
+from .targets import Transports
+from .transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +27,22 @@ class Session:
         self.config = config if config is not None else SlurmRay()
         self.clusters: dict[str, SlurmRayCluster] = {}
         self.current: SlurmRayCluster | None = None
-        self._transports: dict[str, Transport] = {}
+        self.transports = Transports(lambda: make_transport(self.config))
 
     # -- building blocks ------------------------------------------------------------------
-    def transport(self, target: dict[str, Any] | None = None) -> Transport:
-        """The configured transport (or the one a record's target names), one per target."""
-        made = make_transport(self.config) if target is None else transport_for_target(target)
-        key = json.dumps(made.describe(), sort_keys=True)
-        return self._transports.setdefault(key, made)
+    def transport(self, target: str | None = None) -> Transport:
+        """The configured transport; with ``target`` (a record's), UnknownTarget unless the
+        record was made through the same configuration."""
+        if target is None:
+            return self.transports.configured()
+        return self.transports.for_target(target)
 
     def registry(self) -> Registry:
         return Registry()
+
+    def inventory(self) -> Inventory:
+        """Every record of the registry, reconciled with Slurm (see ``inventory.py``)."""
+        return Inventory(self.registry(), self.transports)
 
     def setting(self, name: str, default: Any) -> Any:
         value, _ = effective_setting(name, self.config)
@@ -49,6 +55,7 @@ class Session:
             self.transport(),
             registry=self.registry(),
             poll_interval=float(self.setting("poll_interval", 1.0)),
+            submit_timeout=float(self.setting("submit_timeout", 60.0)),
         )
 
     def adopt(self, cluster: SlurmRayCluster) -> SlurmRayCluster:

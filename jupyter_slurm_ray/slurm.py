@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .errors import CommandError, SlurmError
+from .errors import CommandError, SlurmError, SlurmUnavailable, TransportError
+from .naming import cluster_id_of_comment
 from .transport import Transport
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ _SBATCH_CLEAN_ENV = (
     'exec sbatch --parsable "$1"'
 )
 
-_SQUEUE_FIELDS = ("%i", "%T", "%D", "%S", "%L", "%l", "%N", "%j", "%r")
+_SQUEUE_FIELDS = ("%i", "%T", "%D", "%S", "%L", "%l", "%N", "%j", "%k", "%r")
 _SQUEUE_FORMAT = "|".join(_SQUEUE_FIELDS)
 _SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Start,Timelimit,JobName"
 
@@ -62,6 +63,7 @@ class JobInfo:
     name: str = ""
     exit_code: int | None = None
     source: str = "squeue"
+    comment: str = ""
 
     @property
     def is_final(self) -> bool:
@@ -93,34 +95,55 @@ class Partition:
 
 
 class SlurmClient:
-    """Submits, watches and cancels jobs through a Transport."""
+    """Submits, watches and cancels jobs through a Transport.
 
-    def __init__(self, transport: Transport, *, timeout: float = 60.0) -> None:
+    Queries either answer for every job asked about, or raise :class:`SlurmUnavailable`: a
+    job missing from an answer is one Slurm positively does not know, never one it could not
+    be asked about.
+    """
+
+    def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
         self.transport = transport
         self.timeout = timeout
         self.commands_run = 0  # count of Slurm commands, so tests can hold us to "one per poll"
 
-    async def _slurm(self, argv: Sequence[str], *, check: bool = True) -> str:
+    async def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> _Answer:
+        """Run a Slurm command; SlurmUnavailable when it gives no answer at all."""
         self.commands_run += 1
         try:
-            result = await self.transport.run(argv, timeout=self.timeout)
-        except CommandError as exc:
-            if not check:
-                return ""
-            raise SlurmError(_slurm_message(exc)) from None
-        return result.stdout
+            result = await self.transport.run(argv, timeout=timeout or self.timeout, check=False)
+        except TransportError as exc:
+            raise SlurmUnavailable(f"{argv[0]}: {exc}") from None
+        if result.returncode != 0 and _no_controller(result.stderr):
+            raise SlurmUnavailable(f"{argv[0]}: {_first_line(result.stderr)}")
+        return _Answer(result.returncode, result.stdout, result.stderr)
+
+    async def _slurm(self, argv: Sequence[str]) -> str:
+        """stdout of a Slurm command that must succeed; SlurmError in Slurm's words if not."""
+        answer = await self._run(argv)
+        if answer.returncode != 0:
+            exc = CommandError(list(argv), answer.returncode, answer.stdout, answer.stderr)
+            raise SlurmError(_slurm_message(exc))
+        return answer.stdout
 
     # -- submit / cancel --------------------------------------------------------------------
-    async def submit(self, script: str, job_dir: str, *, filename: str = "job.sbatch") -> str:
-        """Write ``script`` into ``job_dir`` and submit it; return the job id."""
-        path = f"{job_dir.rstrip('/')}/{filename}"
-        await self.transport.make_dir(job_dir, 0o700)
-        await self.transport.write_file(path, script, 0o700)
-        out = await self._slurm(["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", path])
+    async def submit(self, script_path: str, *, timeout: float = 60.0) -> str:
+        """Submit the job script at ``script_path``; return the job id.
+
+        A TransportError (timeout, connection lost) means the outcome is unknown: the job may
+        exist. Callers look it up by its tag (:meth:`find_tagged`) before giving up.
+        """
+        self.commands_run += 1
+        argv = ["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", script_path]
+        try:
+            result = await self.transport.run(argv, timeout=timeout)
+        except CommandError as exc:
+            raise SlurmError(_slurm_message(exc)) from None
+        out = result.stdout
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()!r} instead of a job id")
-        log.info("submitted job %s (%s)", job_id, path)
+        log.info("submitted job %s (%s)", job_id, script_path)
         return job_id
 
     async def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False):
@@ -134,7 +157,11 @@ class SlurmClient:
 
     # -- watching ---------------------------------------------------------------------------
     async def query(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
-        """State of every job in ``job_ids``: one squeue call, plus one sacct for ended jobs."""
+        """State of every job in ``job_ids``: one squeue call, plus accounting for ended jobs.
+
+        Jobs missing from the result are unknown to Slurm (it said so); SlurmUnavailable when
+        Slurm could not be asked.
+        """
         ids = sorted({_job_id(j) for j in job_ids}, key=int)
         if not ids:
             return {}
@@ -148,47 +175,112 @@ class SlurmClient:
 
     async def _squeue(self, ids: list[str]) -> dict[str, JobInfo]:
         argv = ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", _SQUEUE_FORMAT]
+        answer = await self._run(argv)
         # squeue exits 1 ("Invalid job id specified") when none of the ids is known any more.
-        out = await self._slurm(argv, check=False)
-        infos = (parse_squeue_line(line) for line in out.splitlines() if line.strip())
+        if answer.returncode != 0 and not _invalid_job_id(answer.stderr):
+            raise SlurmUnavailable(f"squeue: {_first_line(answer.stderr) or 'failed'}")
+        infos = (parse_squeue_line(line) for line in answer.stdout.splitlines() if line.strip())
         return {info.job_id: info for info in infos if info is not None}
 
     async def history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
-        """Final state and exit code from accounting (slurmdbd) or, failing that, jobcomp."""
-        ids = ",".join(_job_id(j) for j in job_ids)
+        """Final state and exit code from accounting (slurmdbd) or, failing that, jobcomp;
+        then from slurmctld itself, which remembers ended jobs for MinJobAge."""
+        wanted = [_job_id(j) for j in job_ids]
+        found: dict[str, JobInfo] = {}
         for extra in ([], ["-c"]):
-            argv = ["sacct", *extra, "-X", "-n", "-P", "-j", ids, "-o", _SACCT_FIELDS]
-            self.commands_run += 1
-            result = await self.transport.run(argv, timeout=self.timeout, check=False)
-            if result.returncode == 0 and result.stdout.strip():
-                return parse_sacct(result.stdout)
-        return await self._scontrol_history(job_ids)
+            missing = [j for j in wanted if j not in found]
+            if not missing:
+                break
+            argv = ["sacct", *extra, "-X", "-n", "-P", "-j", ",".join(missing)]
+            try:
+                answer = await self._run([*argv, "-o", _SACCT_FIELDS])
+            except SlurmUnavailable:
+                continue  # accounting is optional; slurmctld is asked below
+            if answer.returncode == 0:
+                parsed = parse_sacct(answer.stdout)
+                found.update({j: parsed[j] for j in missing if j in parsed})
+        missing = [j for j in wanted if j not in found]
+        if missing:
+            found.update(await self._scontrol_history(missing))
+        return found
 
     async def _scontrol_history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
-        """Without any accounting, slurmctld still knows ended jobs for MinJobAge."""
         infos = {}
         for job_id in job_ids:
-            self.commands_run += 1
-            argv = ["scontrol", "show", "job", "-o", _job_id(job_id)]
-            result = await self.transport.run(argv, timeout=self.timeout, check=False)
-            info = parse_scontrol_job(result.stdout) if result.returncode == 0 else None
-            if info is not None:
-                infos[info.job_id] = info
+            answer = await self._run(["scontrol", "show", "job", "-o", _job_id(job_id)])
+            if answer.returncode == 0:
+                info = parse_scontrol_job(answer.stdout)
+                if info is not None:
+                    infos[info.job_id] = info
+            elif not _invalid_job_id(answer.stderr):
+                raise SlurmUnavailable(f"scontrol: {_first_line(answer.stderr) or 'failed'}")
         return infos
 
     async def partitions(self) -> list[Partition]:
         out = await self._slurm(["sinfo", "-h", "-o", "%R|%a|%F|%c|%m|%G|%l|%P"])
         return parse_sinfo(out)
 
-    async def job_ids_with_comment(self, prefix: str) -> dict[str, str]:
-        """Active jobs of the current user whose comment starts with ``prefix``: id -> comment."""
+    async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Slurm's reason for each of ``nodes`` that is down, drained or failing."""
+        if not nodes:
+            return {}
+        argv = ["sinfo", "-h", "-N", "-R", "-n", ",".join(nodes), "-o", "%N|%E"]
+        reasons: dict[str, str] = {}
+        for line in (await self._slurm(argv)).splitlines():
+            node, _, reason = line.partition("|")
+            for host in expand_hostlist(node):
+                reasons.setdefault(host, reason.strip())
+        return reasons
+
+    async def tagged_jobs(self) -> dict[str, str]:
+        """This user's active jobs that carry a cluster tag: job id -> cluster id."""
         out = await self._slurm(["squeue", "-h", "--me", "-o", "%i|%k"])
         found = {}
         for line in out.splitlines():
             job_id, _, comment = line.partition("|")
-            if comment.startswith(prefix):
-                found[job_id.strip()] = comment.strip()
+            cluster_id = cluster_id_of_comment(comment)
+            if cluster_id is not None and job_id.strip().isdigit():
+                found[job_id.strip()] = cluster_id
         return found
+
+    async def find_tagged(self, cluster_id: str) -> str | None:
+        """The job id of the active job tagged for ``cluster_id`` (the newest), or None."""
+        jobs = [j for j, c in (await self.tagged_jobs()).items() if c == cluster_id]
+        return max(jobs, key=int) if jobs else None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+# How Slurm's clients say that the controller did not answer (22.05 .. 24.x).
+_NO_CONTROLLER = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "slurm_load_jobs error: slurm backup controller in standby mode",
+    "communication connection failure",
+    "zero bytes were transmitted or received",
+    "rpc rate limit exceeded",
+    "transport endpoint is not connected",
+)
+
+
+def _no_controller(stderr: str) -> bool:
+    text = stderr.lower()
+    return any(marker in text for marker in _NO_CONTROLLER)
+
+
+def _invalid_job_id(stderr: str) -> bool:
+    return "invalid job id" in stderr.lower()
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 # -- parsing (pure functions) -------------------------------------------------------------------
@@ -197,7 +289,9 @@ def parse_squeue_line(line: str) -> JobInfo | None:
     if len(parts) != len(_SQUEUE_FIELDS):
         log.warning("unexpected squeue line: %r", line)
         return None
-    job_id, state, count, start, left, limit, nodelist, name, reason = (p.strip() for p in parts)
+    job_id, state, count, start, left, limit, nodelist, name, comment, reason = (
+        p.strip() for p in parts
+    )
     return JobInfo(
         job_id=job_id,
         state=state.split()[0] if state else "UNKNOWN",
@@ -208,6 +302,7 @@ def parse_squeue_line(line: str) -> JobInfo | None:
         time_left=parse_duration(left),
         time_limit=parse_duration(limit),
         name=name,
+        comment="" if comment == "(null)" else comment,
     )
 
 

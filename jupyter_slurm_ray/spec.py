@@ -144,6 +144,7 @@ _SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", re.ASCII)
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]*:()!-]{1,1024}", re.ASCII)
 _PYTHON = re.compile(r"[A-Za-z0-9_./+][A-Za-z0-9_./+-]*", re.ASCII)
 _JOB_DIR_ROOT = re.compile(r"(?:/|~/)[A-Za-z0-9_./+-]*", re.ASCII)
+_ABSOLUTE = re.compile(r"/[A-Za-z0-9_./+-]*", re.ASCII)
 _INTERFACE = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _LONG_OPTION = re.compile(r"(--[a-z][a-z0-9-]*)(?:=(.*))?", re.ASCII | re.DOTALL)
@@ -286,6 +287,13 @@ def _python(field: str, value: Any) -> str:
 def _job_dir_root(field: str, value: Any) -> str:
     allowed = "an absolute path or one starting with ~/, made of A-Z a-z 0-9 _ . / + -, without .."
     if not isinstance(value, str) or not _JOB_DIR_ROOT.fullmatch(value) or ".." in value.split("/"):
+        raise SpecError(field, value, allowed)
+    return value
+
+
+def _absolute_dir(field: str, value: Any) -> str:
+    allowed = "an absolute path made of A-Z a-z 0-9 _ . / + -, without .."
+    if not isinstance(value, str) or not _ABSOLUTE.fullmatch(value) or ".." in value.split("/"):
         raise SpecError(field, value, allowed)
     return value
 
@@ -497,6 +505,7 @@ class ClusterSpec:
     port_range: tuple[int, int] = _setting((20000, 29999), _port_range)
     fixed_port_base: int | None = _setting(None, _optional(_integer(1024, 65535)))
     worker_ports: int = _setting(64, _integer(8, 10000))
+    port_lock_dir: str | None = _setting(None, _optional(_absolute_dir))
     network_interface: str | None = _setting(
         None, _optional(_pattern(_INTERFACE, "an interface name like eth0 or ib0 (max 15)"))
     )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -75,57 +75,44 @@ class Status:
     time_limit: int | None = None
     log_tail: str = ""
     walltime_warning: bool = False
+    nodes_lost: tuple[str, ...] = ()
+    # Since when Slurm has not answered (time.time()); the state is then the last known one.
+    slurm_unreachable_since: float | None = None
+    # A transient problem worth showing (why Slurm did not answer, a watcher error).
+    notice: str | None = None
 
     def same_as(self, other: Status | None) -> bool:
-        """Equal in everything a viewer would notice (the timestamp excluded)."""
+        """Equal in everything a viewer would notice (the timestamp and the walltime left,
+        which change on every poll, excluded)."""
         if other is None:
             return False
-        keys = ("state", "reason", "phase", "nodes_joined", "job_id", "nodes", "log_tail")
-        return all(getattr(self, k) == getattr(other, k) for k in keys) and (
-            self.estimated_start == other.estimated_start
-            and self.walltime_warning == other.walltime_warning
-        )
+        return all(getattr(self, k) == getattr(other, k) for k in _COMPARED)
 
-    def describe(self) -> str:
-        """One line for humans: ``PENDING (Resources), est. start 12:03``."""
-        parts = [self.state.value]
-        if self.state is State.STARTING:
-            parts.append(
-                f"{self.phase or 'starting'}, {self.nodes_joined}/{self.nodes_wanted} nodes"
-            )
-        elif self.reason:
-            parts.append(f"({self.reason})")
-        if self.state is State.PENDING and self.estimated_start:
-            parts.append(f"est. start {self.estimated_start:%Y-%m-%d %H:%M}")
-        if self.job_id:
-            parts.append(f"job {self.job_id}")
-        if self.time_left is not None and self.state.is_up:
-            parts.append(f"{_hms(self.time_left)} left")
-        return " ".join(parts)
+    def describe(self, now: float | None = None) -> str:
+        """One line for humans: ``PENDING (Resources) · job 12 · est. start 12:03``."""
+        from .formatting import status_line
+
+        return status_line(self, now=now)
+
+
+_COMPARED = tuple(f.name for f in fields(Status) if f.name not in ("at", "time_left", "time_limit"))
 
 
 def status_of_record(record: Any) -> Status:
     """The status a registry record last saw (``record`` is a ``registry.ClusterRecord``)."""
-    try:
-        state = State(record.state)
-    except ValueError:
-        state = State.FAILED
     return Status(
-        state,
+        State(record.state),
         at=record.updated_at,
         reason=record.reason,
         phase=record.phase,
         nodes_joined=record.nodes_joined,
         nodes_wanted=record.nodes_wanted,
+        nodes_lost=tuple(record.nodes_lost),
         job_id=record.job_id,
         time_limit=record.time_limit,
         time_left=record.time_left,
+        slurm_unreachable_since=record.slurm_unreachable_since,
     )
-
-
-def _hms(seconds: int) -> str:
-    h, rest = divmod(int(seconds), 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 @dataclass
@@ -139,8 +126,9 @@ class EventSummary:
     error_log: str = ""
     walltime_warning: bool = False
     lease_stale: bool = False
+    owner_gone: str | None = None  # the owner was gone when the job started: Ray never ran
     stopped: bool = False
-    node_lost: str | None = None
+    nodes_lost: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
@@ -162,10 +150,22 @@ class EventSummary:
                 self.walltime_warning = True
             elif kind == "lease_stale":
                 self.lease_stale = True
-            elif kind == "node_lost" and self.node_lost is None:
-                self.node_lost = str(ev.get("reason") or ev.get("host") or "a node")
+            elif kind == "owner_gone":
+                self.owner_gone = str(ev.get("reason") or "the owner was gone when the job started")
+            elif kind == "node_lost":
+                self._add_lost(ev)
             elif kind == "stopped":
                 self.stopped = True
+
+    def _add_lost(self, event: dict[str, Any]) -> None:
+        hosts = event.get("hosts") or [event.get("host")]
+        if not isinstance(hosts, list):
+            hosts = [hosts]
+        for host in hosts:
+            if isinstance(host, str) and host and host not in self.nodes_lost:
+                self.nodes_lost.append(host)
+        if isinstance(event.get("joined"), int):
+            self.joined = event["joined"]
 
 
 def _log_text(log: Any) -> str:
@@ -173,6 +173,24 @@ def _log_text(log: Any) -> str:
     if isinstance(log, (list, tuple)):
         return "\n".join(str(line) for line in log)
     return str(log or "")
+
+
+def last_known_job(status: Status) -> JobInfo:
+    """Slurm's last known view of the job, re-derived from a status (when Slurm gave no news,
+    or the change comes from our side: connected, stopping)."""
+    slurm_state = {
+        State.PENDING: "PENDING",
+        State.SUBMITTING: "PENDING",
+    }.get(status.state, "RUNNING")
+    return JobInfo(
+        job_id=status.job_id or "",
+        state=slurm_state,
+        reason=status.reason if status.state is State.PENDING else None,
+        nodes=status.nodes,
+        start_time=status.estimated_start,
+        time_left=status.time_left,
+        time_limit=status.time_limit,
+    )
 
 
 def derive_status(
@@ -184,10 +202,13 @@ def derive_status(
     stopping: bool = False,
     log_tail: str = "",
     job_forgotten: bool = False,
+    node_reasons: Mapping[str, str] | None = None,
 ) -> Status:
     """The new status given Slurm's job info and the bootstrap's events.
 
-    ``job_forgotten``: Slurm no longer lists the job and keeps no accounting of it.
+    ``job`` None means "no news from Slurm" (the last known job state stands), except with
+    ``job_forgotten``: Slurm answered, several times, that it does not know the job and keeps
+    no accounting of it. ``node_reasons``: Slurm's reason per down node, for NODE_FAIL.
     """
     if previous.state.is_final:
         return previous
@@ -196,6 +217,7 @@ def derive_status(
         at=time.time(),
         phase=events.phase,
         nodes_joined=events.joined,
+        nodes_lost=tuple(events.nodes_lost),
         walltime_warning=events.walltime_warning,
     )
     if job is not None:
@@ -208,11 +230,11 @@ def derive_status(
         )
     if job is None and job_forgotten:
         reason = "Slurm no longer knows the job and keeps no accounting: it has ended"
-        return replace(base, state=State.STOPPED, reason=reason)
+        return replace(base, state=State.STOPPED, reason=events.owner_gone or reason)
     if job is None:
         return base
     if job.is_final:
-        return _final_status(base, job, events, stopping, log_tail)
+        return _final_status(base, job, events, stopping, log_tail, node_reasons or {})
     if events.error:
         return replace(base, state=State.FAILED, reason=events.error, log_tail=events.error_log)
     if stopping:
@@ -221,12 +243,21 @@ def derive_status(
         return replace(base, state=State.PENDING, reason=job.reason, estimated_start=job.start_time)
     if events.ready:
         state = State.CONNECTED if connected else State.READY
-        return replace(base, state=state, reason=None, nodes_joined=base.nodes_wanted)
+        return replace(base, state=state, reason=_lost_text(events.nodes_lost))
     return replace(base, state=State.STARTING, reason=None, phase=events.phase or "job started")
 
 
+def _lost_text(hosts: list[str]) -> str | None:
+    return f"{', '.join(hosts)} lost" if hosts else None
+
+
 def _final_status(
-    base: Status, job: JobInfo, events: EventSummary, stopping: bool, log_tail: str
+    base: Status,
+    job: JobInfo,
+    events: EventSummary,
+    stopping: bool,
+    log_tail: str,
+    node_reasons: Mapping[str, str],
 ) -> Status:
     if events.error:
         return replace(base, state=State.FAILED, reason=events.error, log_tail=events.error_log)
@@ -234,22 +265,33 @@ def _final_status(
         return replace(base, state=State.STOPPED, reason="stopped on request")
     if job.state in _SLURM_FINAL:
         state = _SLURM_FINAL[job.state]
-        if state is State.STOPPED:
-            reason = (
-                "the owner's lease went stale (owner gone)"
-                if events.lease_stale
-                else "the Ray bootstrap exited"
-            )
-            return replace(base, state=state, reason=reason)
-        reason = {
-            State.CANCELLED: "the Slurm job was cancelled",
-            State.TIMEOUT: "the walltime was reached",
-            State.PREEMPTED: "the job was preempted",
-            State.NODE_FAIL: "a node failed",
-        }[state]
-        return replace(base, state=state, reason=reason)
+        return replace(base, state=state, reason=_final_reason(state, job, events, node_reasons))
     exit_info = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
     reason = f"the Slurm job ended {job.state}{exit_info}"
     if job.state == "OUT_OF_MEMORY":
         reason = "the job ran out of memory"
     return replace(base, state=State.FAILED, reason=reason, log_tail=log_tail)
+
+
+def _final_reason(
+    state: State, job: JobInfo, events: EventSummary, node_reasons: Mapping[str, str]
+) -> str:
+    if state is State.STOPPED:
+        if events.owner_gone:
+            return events.owner_gone
+        if events.lease_stale:
+            return "the owner's lease went stale (owner gone)"
+        return "the Ray bootstrap exited"
+    if state is State.NODE_FAIL:
+        failed = {h: r for h, r in node_reasons.items() if not job.nodes or h in job.nodes}
+        if failed:
+            return "; ".join(
+                f"{host} failed: {why or 'no reason given'}" for host, why in failed.items()
+            )
+        why = f" ({job.reason})" if job.reason else ""
+        return f"a node failed{why}" + (f" among {', '.join(job.nodes)}" if job.nodes else "")
+    return {
+        State.CANCELLED: "the Slurm job was cancelled",
+        State.TIMEOUT: "the walltime was reached",
+        State.PREEMPTED: "the job was preempted",
+    }[state]

@@ -59,28 +59,38 @@ class CommandResult:
 
 @dataclass
 class Forward:
-    """A local port that reaches ``remote_host:remote_port`` on the cluster network."""
+    """A local port that reaches ``remote_host:remote_port`` on the cluster network.
+
+    A direct forward (the cluster network is reachable from here) has no listener. A tunnelled
+    one owns its listening socket for as long as it is open, across SSH reconnects, so the
+    local port can never be taken over by another process while this one relies on it.
+    """
 
     local_host: str
     local_port: int
     remote_host: str
     remote_port: int
-    _listener: Any = field(default=None, repr=False)
+    _server: Any = field(default=None, repr=False)
+    direct: bool = False
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
     @property
     def is_open(self) -> bool:
-        return self._listener is not None
+        """True while connections to the local port reach the remote one through us."""
+        if self.direct:
+            return True
+        return self._server is not None and self._server.is_serving()
 
 
 class Transport(ABC):
     """Runs argv lists on the cluster side and moves small files there."""
 
-    #: A short description of where commands run, kept in registry records.
+    #: The name of where commands run ("local", "local (runuser -u alice --)",
+    #: "ssh://alice@login1:22"): records keep it to say which configured transport they need.
     target: str = ""
 
     def __init__(self) -> None:
@@ -103,10 +113,6 @@ class Transport(ABC):
 
     async def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release connections and forwards."""
-
-    def describe(self) -> dict[str, Any]:
-        """What :func:`transport_for_target` needs to make an equivalent transport."""
-        return {"kind": type(self).__name__}
 
     # -- files, built on run() -------------------------------------------------------------
     async def home(self) -> str:
@@ -134,7 +140,7 @@ class Transport(ABC):
         """Create ``directory`` (0700) holding ``files`` (relative name -> text, each 0600),
         in ONE command: a base64 tar archive on stdin (one round trip over SSH, not one per
         file). Sub-directories in the names are created 0700."""
-        await self.run(["sh", "-c", _UNPACK, "sh", directory], input=_tar_base64(files))
+        await self.run(["sh", "-c", _UNPACK, "sh", directory], input=tar_base64(files))
 
     async def read_file(self, path: str) -> str:
         return (await self.run(["cat", "--", path])).stdout
@@ -207,18 +213,21 @@ class LocalTransport(Transport):
         except asyncio.CancelledError:
             _kill_group(proc.pid)
             raise
-        result = CommandResult(tuple(argv), proc.returncode or 0, out.decode(), err.decode())
+        result = CommandResult(tuple(argv), proc.returncode or 0, _text(out), _text(err))
         return result.check() if check else result
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "local", "command_prefix": list(self.command_prefix)}
 
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         # On the login node the cluster network is reachable directly.
-        return Forward(remote_host, remote_port, remote_host, remote_port)
+        return Forward(remote_host, remote_port, remote_host, remote_port, direct=True)
 
 
-def _tar_base64(files: Mapping[str, str]) -> str:
+def _text(data: bytes) -> str:
+    """Command output as text: bytes that are not UTF-8 (a setup line printing Latin-1)
+    become U+FFFD instead of failing whatever reads them."""
+    return data.decode("utf-8", errors="replace")
+
+
+def tar_base64(files: Mapping[str, str]) -> str:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted({str(PurePosixPath(n).parent) for n in files} - {"."}):
@@ -242,8 +251,9 @@ class SSHTransport(Transport):
     """Commands run on a login node over ONE reused asyncssh connection.
 
     Honours ``~/.ssh/config``, keys, the agent and known_hosts like OpenSSH does; explicit
-    arguments override them. A dropped connection is re-opened once, transparently, and the
-    open port forwards are re-established on the same local ports.
+    arguments override them. A dropped connection is re-opened on the next command. Port
+    forwards keep their local listener across reconnects: each new local connection is
+    tunnelled through whatever connection is current (see :meth:`forward`).
     """
 
     def __init__(
@@ -273,15 +283,8 @@ class SSHTransport(Transport):
         self._conn: Any = None
         self._lock = asyncio.Lock()
         self._forwards: list[Forward] = []
+        self._relays: set[asyncio.Task[None]] = set()
         self.connects = 0  # how many connections were opened, for tests and benchmarks
-
-    def describe(self) -> dict[str, Any]:
-        target: dict[str, Any] = {"kind": "ssh", "host": self.host}
-        for key in ("port", "username", "client_keys", "known_hosts"):
-            value = getattr(self, key)
-            if value not in (None, ()):
-                target[key] = value
-        return target
 
     def _options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -301,14 +304,17 @@ class SSHTransport(Transport):
             options["agent_path"] = self.agent_path
         return options
 
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
     async def _connection(self) -> Any:
         async with self._lock:
-            if self._conn is not None and not self._conn.is_closed():
+            if self.connected:
                 return self._conn
             if self._conn is not None:
                 log.info("SSH connection to %s was lost; reconnecting", self.target)
             self._conn = await self._open()
-            await self._restore_forwards()
             return self._conn
 
     async def _open(self) -> Any:
@@ -340,13 +346,6 @@ class SSHTransport(Transport):
         self.connects += 1
         return conn
 
-    async def _restore_forwards(self) -> None:
-        for fwd in self._forwards:
-            if fwd.is_open:
-                fwd._listener = await self._conn.forward_local_port(
-                    fwd.local_host, fwd.local_port, fwd.remote_host, fwd.remote_port
-                )
-
     async def run(
         self,
         argv: Sequence[str],
@@ -361,7 +360,9 @@ class SSHTransport(Transport):
         for attempt in (1, 2):
             conn = await self._connection()
             try:
-                proc = await conn.create_process(command, stderr=asyncssh.PIPE)
+                proc = await conn.create_process(
+                    command, stderr=asyncssh.PIPE, encoding="utf-8", errors="replace"
+                )
             except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError) as exc:
                 # The channel never opened, so the command did not run: safe to retry once.
                 conn.close()
@@ -399,11 +400,53 @@ class SSHTransport(Transport):
         return result.check() if check else result
 
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
-        conn = await self._connection()
-        listener = await conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port)
-        fwd = Forward("127.0.0.1", listener.get_port(), remote_host, remote_port, listener)
+        """A local listener whose connections are tunnelled to ``remote_host:remote_port``.
+
+        Written here rather than with asyncssh's ``forward_local_port``, whose listener belongs
+        to one connection and closes with it: after a drop its port would be free for any
+        local process to take, and a reconnecting Ray Client would hand that process the
+        cluster's token. This listener stays open until closed, and tunnels each new
+        connection through the current SSH connection (reconnecting when needed).
+        """
+        await self._connection()  # fail here, not on the first use, when SSH does not work
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._relays.add(task)
+            try:
+                await self._relay(reader, writer, remote_host, remote_port)
+            finally:
+                self._relays.discard(task)
+
+        server = await asyncio.start_server(relay, "127.0.0.1", 0)
+        local_port = server.sockets[0].getsockname()[1]
+        fwd = Forward("127.0.0.1", local_port, remote_host, remote_port, server)
         self._forwards.append(fwd)
         return fwd
+
+    async def _relay(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        remote_host: str,
+        remote_port: int,
+    ) -> None:
+        import asyncssh
+
+        try:
+            conn = await self._connection()
+            remote_reader, remote_writer = await conn.open_connection(remote_host, remote_port)
+        except (TransportError, asyncssh.Error, OSError) as exc:
+            log.info("tunnel to %s:%d not opened: %s", remote_host, remote_port, exc)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(_pipe(reader, remote_writer), _pipe(remote_reader, writer))
+        finally:
+            for end in (writer, remote_writer):
+                with contextlib.suppress(Exception):
+                    end.close()
 
     @property
     def open_forwards(self) -> list[Forward]:
@@ -413,6 +456,8 @@ class SSHTransport(Transport):
         for fwd in self._forwards:
             fwd.close()
         self._forwards.clear()
+        for task in list(self._relays):
+            task.cancel()
         if self._conn is not None:
             self._conn.close()
             with contextlib.suppress(Exception):
@@ -420,17 +465,18 @@ class SSHTransport(Transport):
             self._conn = None
 
 
-def transport_for_target(target: dict[str, Any]) -> Transport:
-    """The transport a registry record's ``target`` describes (see ``Transport.describe``)."""
-    kind = target.get("kind")
-    if kind == "local":
-        return LocalTransport(target.get("command_prefix", ()))
-    if kind == "ssh":
-        return SSHTransport(
-            target["host"],
-            port=target.get("port"),
-            username=target.get("username"),
-            client_keys=target.get("client_keys"),
-            known_hosts=target.get("known_hosts", ()),
-        )
-    raise TransportError(f"unknown transport kind in record: {kind!r}")
+async def _pipe(source: Any, sink: Any) -> None:
+    """Copy one direction of a tunnelled connection until end of file, then pass the EOF on."""
+    try:
+        while True:
+            data = await source.read(65536)
+            if not data:
+                break
+            sink.write(data)
+            await sink.drain()
+        if sink.can_write_eof():
+            sink.write_eof()
+    except Exception as exc:  # socket errors, or asyncssh's when the connection is lost
+        log.debug("tunnel closed: %r", exc)
+        with contextlib.suppress(Exception):
+            sink.close()

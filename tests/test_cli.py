@@ -21,12 +21,12 @@ from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.jobscript import render_job_script
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 
 from .clusters import wait_for
 from .conftest import as_user
+from .helpers.jobs import submit_script
 from .site_helpers import USER, configured_site, job_fields
 
 pytestmark = pytest.mark.testbed
@@ -54,7 +54,7 @@ def submit(transport: LocalTransport, *, held: bool = True, setup: tuple[str, ..
     job_dir = f"{run_sync(transport.home())}/.jsr-test-jobs/{cluster_id}"
     command = ["sleep", "300"] if held else ["true"]
     script = render_job_script(spec, cluster_id=cluster_id, job_dir=job_dir, command=command)
-    job_id = run_sync(SlurmClient(transport).submit(script, job_dir))
+    job_id = run_sync(submit_script(transport, script, job_dir))
     return cluster_id, job_id, job_dir
 
 
@@ -62,7 +62,7 @@ def record(transport, cluster_id, job_id, job_dir, **fields) -> ClusterRecord:
     rec = ClusterRecord(
         id=cluster_id,
         name=cluster_id,
-        target=transport.describe(),
+        target=transport.target,
         job_dir=job_dir,
         job_id=job_id,
         state=fields.pop("state", "PENDING"),

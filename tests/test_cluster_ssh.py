@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from .clusters import processes_of, squeue_has, wait_for
+from .helpers.faults import daemon_pid, record_figure
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -36,5 +37,35 @@ def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_
     assert seen["dashboard_without_token"] in (401, 403)
     assert seen["forwards_while_up"] == 2 and seen["forwards_after_down"] == 0
     assert seen["final_state"] == "STOPPED"
+    assert not squeue_has(seen["job_id"])
+    wait_for(lambda: not processes_of(seen["job_dir"]), 20, "the cluster's processes to end")
+
+
+def test_an_ssh_drop_mid_task_keeps_the_forwards_and_the_lease_and_leaks_no_token(
+    tmp_path, testbed
+):
+    """The sshd process serving the session is killed while a Ray task runs."""
+    laptop = os.environ["JSR_LAPTOP_NETNS"]
+    script = os.path.join(os.path.dirname(__file__), "helpers", "laptop_drop.py")
+    daemon = str(daemon_pid("sshd"))
+    result = subprocess.run(
+        ["nsenter", f"--net={laptop}", sys.executable, script, str(tmp_path / "state"), daemon],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    record_figure(
+        "SSH session killed mid-task",
+        **{k: v for k, v in seen.items() if k not in ("job_dir",)},
+    )
+    assert seen["sessions_killed"] >= 1 and seen["ssh_connects"] >= 2
+    assert seen["ports_after"] == seen["ports_before"]  # the same listeners, held throughout
+    assert seen["squatter_bound"] == [] and seen["squatter_got_token"] is False
+    assert seen["lease_renewed_after_drop"] is True
+    assert seen["task_after_drop"] in {"node1", "node2", "node3"}
+    assert seen["state_after_drop"] == "CONNECTED"
+    assert seen["final_state"] == "STOPPED" and seen["forwards_after_down"] == 0
     assert not squeue_has(seen["job_id"])
     wait_for(lambda: not processes_of(seen["job_dir"]), 20, "the cluster's processes to end")

@@ -199,7 +199,7 @@ def test_local_transport_runs_through_the_command_prefix():
     assert isinstance(transport, LocalTransport)
     assert transport.command_prefix == ("runuser", "-u", "alice", "--")
     from_env = make_transport(environ={"JUPYTER_SLURM_RAY_COMMAND_PREFIX": "sudo -u bob --"})
-    assert from_env.describe()["command_prefix"] == ["sudo", "-u", "bob", "--"]
+    assert from_env.target == "local (sudo -u bob --)"
 
 
 def test_a_login_host_means_ssh_with_the_given_key_and_known_hosts():
@@ -212,14 +212,8 @@ def test_a_login_host_means_ssh_with_the_given_key_and_known_hosts():
     )
     transport = make_transport(config, environ={})
     assert isinstance(transport, SSHTransport)
-    assert transport.describe() == {
-        "kind": "ssh",
-        "host": "login.example.org",
-        "port": 2222,
-        "username": "me",
-        "client_keys": ["/keys/me"],
-        "known_hosts": "/keys/known_hosts",
-    }
+    assert transport.target == "ssh://me@login.example.org:2222"
+    assert (transport.client_keys, transport.known_hosts) == (["/keys/me"], "/keys/known_hosts")
 
 
 def test_effective_setting_names_its_source():

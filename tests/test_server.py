@@ -1,12 +1,12 @@
 """The clusters REST API of the server extension, with a real Jupyter server and real clusters.
 
-``ClusterManager`` is also tested on its own (plain asyncio) for its Slurm query budget.
+``ClusterManager`` alone (its Slurm query budget, housekeeping) is in ``tests/fast``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import getpass
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.server.manager import ClusterManager
+from jupyter_slurm_ray.states import State
+from jupyter_slurm_ray.transport import LocalTransport
 
 from .conftest import as_user
+from .helpers.faults import record_figure
+from .helpers.kernel import start_kernel
+from .helpers.waiting import wait_for
 from .server_helpers import (
     VENV,
     VENV_PYTHON,
@@ -25,6 +30,7 @@ from .server_helpers import (
     jupyter_server,
     squeue_has,
     start_cluster,
+    test_spec,
 )
 
 pytestmark = [pytest.mark.testbed]
@@ -53,7 +59,7 @@ def stale_record(user: str, job_id: str, name: str = "stale") -> ClusterRecord:
     return ClusterRecord(
         id=f"{name}-0000",
         name=name,
-        target={"kind": "local", "command_prefix": as_user(user)},
+        target=f"local (runuser -u {user} --)",
         job_dir=f"/home/{user}/.jupyter-slurm-ray/jobs/{name}-0000",
         job_id=job_id,
         state="READY",
@@ -61,27 +67,6 @@ def stale_record(user: str, job_id: str, name: str = "stale") -> ClusterRecord:
         nodes_joined=1,
         owner_pid=999999,
     )
-
-
-# -- the manager alone ------------------------------------------------------------------------
-async def test_concurrent_listings_share_one_slurm_query_per_target(tmp_path, testbed):
-    registry = Registry(tmp_path)
-    job_id = finished_job(testbed.user)
-    registry.save(stale_record(testbed.user, job_id, "one"))
-    registry.save(stale_record(testbed.user, job_id, "two"))
-    other = stale_record(testbed.user2, job_id, "bob")  # another target: its own query
-    other.target = {"kind": "local", "command_prefix": as_user(testbed.user2)}
-    registry.save(other)
-    manager = ClusterManager(registry, refresh_interval=2.0)
-    listings = await asyncio.gather(*(manager.list() for _ in range(20)))
-    assert manager.slurm_queries == 2  # one per target, for 20 concurrent callers
-    assert {c["state"] for c in listings[0]["clusters"]} == {"STOPPED"}
-    await manager.list()
-    assert manager.slurm_queries == 2  # still fresh
-    await asyncio.sleep(2.1)
-    await manager.list()
-    assert manager.slurm_queries == 4
-    await manager.close()
 
 
 # -- the REST API -----------------------------------------------------------------------------
@@ -244,3 +229,99 @@ def _jobs_of(user: str) -> str:
     return subprocess.run(
         ["squeue", "-h", "-u", user, "-o", "%i"], capture_output=True, text=True, check=False
     ).stdout
+
+
+# -- faults and hostile input -------------------------------------------------------------------
+def test_the_server_cancels_a_cluster_whose_kernel_died_without_waiting(server, root, testbed):
+    """The kernel's cluster has the default idle timeout (300 s): the server does not wait."""
+    kernel = start_kernel(str(root / "state"), as_user(testbed.user), extra_sbatch=["--hold"])
+    assert squeue_has(kernel.job_id)
+    kernel.kill()
+    killed = time.monotonic()
+    deadline = killed + 60
+    while squeue_has(kernel.job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    cancelled_after = time.monotonic() - killed
+    assert not squeue_has(kernel.job_id) and cancelled_after < 30
+    assert "its owner (pid" in server.log() and kernel.job_id in server.log()
+    wait_for(lambda: cluster_view(server, kernel.id)["state"] != "PENDING", 30, "the listing")
+    assert cluster_view(server, kernel.id)["state"] in ("CANCELLED", "STOPPED")
+    record_figure(
+        "kernel SIGKILLed while PENDING, Jupyter server running",
+        cancelled_by_server_after_s=round(cancelled_after, 1),
+    )
+
+
+def test_hostile_and_broken_records_run_nothing_and_the_api_keeps_working(server, root, tmp_path):
+    canary = tmp_path / "touched"
+    clusters = root / "state" / "clusters"
+    hostile = {
+        "id": "evil-0001",
+        "name": "evil",
+        "target": {"kind": "local", "command_prefix": ["touch", str(canary)]},
+        "job_dir": "/tmp",
+        "job_id": "1",
+        "state": "READY",
+    }
+    planted = {
+        "evil-0001": json.dumps(hostile),
+        "trunc-0001": '{"id": "trunc-0001", "name": "tr',
+        "types-0001": json.dumps({**hostile, "id": "types-0001", "nodes_wanted": "many"}),
+    }
+    try:
+        for cluster_id, text in planted.items():
+            path = clusters / f"{cluster_id}.json"
+            path.write_text(text)
+            path.chmod(0o600)
+        time.sleep(3.1)  # past the listing's cache
+        response = server.get(API)
+        assert response.status_code == 200, response.text
+        views = {c["id"]: c for c in response.json()["clusters"]}
+        assert views["evil-0001"]["reachable"] is False and views["evil-0001"]["state"] == "READY"
+        assert (
+            views["trunc-0001"]["unreadable"] and "not valid JSON" in views["trunc-0001"]["error"]
+        )
+        assert views["types-0001"]["unreadable"] and "nodes_wanted" in views["types-0001"]["error"]
+        assert server.get(f"{API}/trunc-0001").status_code == 200
+        assert server.get("slurm-ray/dashboard/evil-0001/").status_code == 503
+        forgotten = server.request("DELETE", f"{API}/trunc-0001?forget=true")
+        assert forgotten.status_code == 200 and not (clusters / "trunc-0001.json").exists()
+        time.sleep(1)
+        assert not canary.exists()
+    finally:
+        for cluster_id in planted:
+            (clusters / f"{cluster_id}.json").unlink(missing_ok=True)
+
+
+def test_a_group_writable_registry_is_refused_and_the_api_says_so(server, root):
+    clusters = root / "state" / "clusters"
+    clusters.chmod(0o770)
+    try:
+        time.sleep(3.1)
+        response = server.get(API)
+        assert response.status_code == 200
+        (only,) = response.json()["clusters"]
+        assert only["unreadable"] and "writable by other users" in only["error"]
+        assert only["forgettable"] is False
+    finally:
+        clusters.chmod(0o700)
+
+
+@pytest.mark.ray
+def test_a_log_that_is_not_utf8_and_a_cancel_keep_the_api_answering(server, root, testbed):
+    cluster = SlurmRayCluster(
+        test_spec("latin1").replace(setup=["printf 'caf\\351 \\377\\n'", "sleep 600"]),
+        LocalTransport(as_user(testbed.user)),
+        registry=Registry(root / "state"),
+    )
+    cluster.up(wait=False)
+    try:
+        wait_for(lambda: cluster.state is State.STARTING, 60, "the job to run")
+        subprocess.run(["scancel", cluster.job_id], check=True)
+        wait_for(lambda: cluster.state.is_final, 60, "the cancel")
+        assert cluster.state is State.CANCELLED
+        response = server.get(f"{API}/{cluster.id}")
+        assert response.status_code == 200, response.text
+        assert response.json()["state"] == "CANCELLED" and "\ufffd" in response.json()["log_tail"]
+    finally:
+        cluster.down()

@@ -62,17 +62,21 @@ def test_parse_exit_code(text, code):
 
 def test_squeue_line_of_a_pending_job_keeps_reason_and_estimate():
     info = parse_squeue_line(
-        "42|PENDING|4|2026-11-29T20:00:00|1:00:00|1:00:00||ray|PartitionNodeLimit"
+        "42|PENDING|4|2026-11-29T20:00:00|1:00:00|1:00:00||ray|jupyter-slurm-ray:abcd-0001|"
+        "PartitionNodeLimit"
     )
     assert info is not None
     assert (info.job_id, info.state, info.reason) == ("42", "PENDING", "PartitionNodeLimit")
+    assert info.comment == "jupyter-slurm-ray:abcd-0001"
     assert info.start_time == datetime(2026, 11, 29, 20, 0, 0)
     assert info.nodes == () and info.node_count == 4 and info.is_pending
 
 
 def test_squeue_line_of_a_running_job_expands_nodes():
-    info = parse_squeue_line("7|RUNNING|2|2026-11-29T19:00:00|59:10|1:00:00|node[1-2]|ray|None")
-    assert info is not None
+    info = parse_squeue_line(
+        "7|RUNNING|2|2026-11-29T19:00:00|59:10|1:00:00|node[1-2]|ray|(null)|None"
+    )
+    assert info is not None and info.comment == ""
     assert info.nodes == ("node1", "node2") and info.reason is None
     assert info.time_left == 59 * 60 + 10 and info.time_limit == 3600 and info.is_running
 

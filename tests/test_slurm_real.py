@@ -14,9 +14,10 @@ from jupyter_slurm_ray.jobscript import render_job_script
 from jupyter_slurm_ray.slurm import JobInfo, SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport, Transport
-from jupyter_slurm_ray.watch import JobWatcher
+from jupyter_slurm_ray.watch import Answer, JobWatcher
 
 from .conftest import as_user
+from .helpers.jobs import submit_script
 
 pytestmark = pytest.mark.testbed
 
@@ -31,7 +32,7 @@ async def submit(
         cluster_spec, cluster_id=f"id-{name}", job_dir=job_dir, command=command
     )
     slurm = SlurmClient(transport)
-    job_id = await slurm.submit(script, job_dir)
+    job_id = await submit_script(transport, script, job_dir)
     cancel_jobs.append(job_id)
     return slurm, job_id
 
@@ -116,12 +117,13 @@ async def test_watching_many_jobs_costs_one_squeue_per_poll(testbed, unique_name
     watcher = JobWatcher(SlurmClient(transport), interval=0.5)
     seen: dict[str, JobInfo | None] = {}
 
-    async def remember(job_id: str, info: JobInfo | None) -> None:
-        seen[job_id] = info
+    async def remember(job_id: str, answer: Answer) -> None:
+        assert answer.answered
+        seen[job_id] = answer.job
 
     transport.commands.clear()
     for job_id in job_ids:
-        watcher.watch(job_id, lambda info, j=job_id: remember(j, info))
+        watcher.watch(job_id, lambda answer, j=job_id: remember(j, answer))
     await asyncio.sleep(2.2)  # the watcher polls by itself
     polls = watcher.polls
     for job_id in job_ids:

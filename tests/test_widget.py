@@ -10,9 +10,10 @@ import pytest
 
 import jupyter_slurm_ray
 from jupyter_slurm_ray.config import SlurmRay
+from jupyter_slurm_ray.formatting import format_duration, status_line
 from jupyter_slurm_ray.live import StatusView
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.reprs import cluster_mimebundle, format_duration, status_line
+from jupyter_slurm_ray.reprs import cluster_mimebundle
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status

@@ -18,14 +18,14 @@ from typing import Any
 
 from jupyter_server.utils import url_path_join
 
+from ..naming import DASHBOARD_BASE_ENV
 from ..registry import Registry
+from ..targets import Transports
 from . import handlers, proxy
 from .manager import ClusterManager
 from .targets import DashboardTargets
 
 log = logging.getLogger(__name__)
-
-DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -33,22 +33,29 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from ..config import SlurmRay, make_transport, resolve_spec
+    from tornado.ioloop import IOLoop
+
+    from ..config import SlurmRay, effective_setting, make_transport, resolve_spec
 
     _log_to_server(serverapp)
     web_app = serverapp.web_app
     base_url = web_app.settings["base_url"]
     config = SlurmRay(parent=serverapp)
     registry = Registry()
+    retention_days, _ = effective_setting("record_retention_days", config)
     manager = ClusterManager(
         registry,
+        Transports(lambda: make_transport(config)),
         resolve_spec=lambda settings, profile: resolve_spec(
             settings, profile=profile, config=config
         )[0],
-        make_transport=lambda: make_transport(config),
+        retention=float(7 if retention_days is None else retention_days) * 86400,
     )
-    targets = DashboardTargets(registry, lambda record: manager.transport(record.target))
+    targets = DashboardTargets(
+        registry, lambda record: manager.transport(record.target), manager.status
+    )
     web_app.settings["slurm_ray_manager"] = manager
+    IOLoop.current().add_callback(manager.start_housekeeping)
     web_app.add_handlers(
         ".*$",
         handlers.route_specs(base_url, manager) + proxy.route_specs(base_url, targets),

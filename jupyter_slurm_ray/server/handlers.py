@@ -15,8 +15,16 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from ..errors import SlurmError, SlurmRayError, SpecError
-from .manager import ClusterManager, NotFound
+from ..errors import (
+    Conflict,
+    NotFound,
+    SlurmError,
+    SlurmRayError,
+    SlurmUnavailable,
+    SpecError,
+    UnknownTarget,
+)
+from .manager import ClusterManager
 from .proxy import PREFIX as DASHBOARD_PREFIX
 
 log = logging.getLogger(__name__)
@@ -41,6 +49,10 @@ def _as_http_errors() -> Iterator[None]:
         raise ApiError(404, str(exc)) from None
     except SpecError as exc:
         raise ApiError(400, str(exc), exc.field) from None
+    except (Conflict, UnknownTarget) as exc:  # not in this state, or not from this server
+        raise ApiError(409, str(exc)) from None
+    except SlurmUnavailable as exc:
+        raise ApiError(503, f"Slurm did not answer: {exc}") from None
     except SlurmError as exc:  # Slurm refused the request as asked (e.g. no such partition)
         raise ApiError(400, str(exc)) from None
     except SlurmRayError as exc:
@@ -93,7 +105,8 @@ class ClusterListHandler(_ClustersHandler):
 
 
 class ClusterHandler(_ClustersHandler):
-    """``GET``: one cluster with recent events and log tail. ``DELETE``: stop it."""
+    """``GET``: one cluster with recent events and log tail. ``DELETE``: stop it;
+    ``DELETE ?forget=true``: forget an ended (or unreadable) one."""
 
     @web.authenticated
     async def get(self, cluster_id: str) -> None:
@@ -105,7 +118,13 @@ class ClusterHandler(_ClustersHandler):
 
     @web.authenticated
     async def delete(self, cluster_id: str) -> None:
+        forget = self.get_argument("forget", "false")
+        if forget not in ("true", "false"):
+            raise ApiError(400, f"forget: {forget!r} is not true or false", "forget")
         with _as_http_errors():
+            if forget == "true":
+                self.finish(json.dumps(await self.manager.forget(cluster_id)))
+                return
             view = await self.manager.stop(cluster_id)
         self.finish(json.dumps(self._with_links(view)))
 

@@ -1,122 +1,132 @@
-"""The clusters the Jupyter server shows: registry records reconciled with Slurm, stop and create.
+"""The clusters the Jupyter server shows: the registry reconciled with Slurm, stop, create,
+forget, and the housekeeping that leaves nothing behind.
 
-Plain asyncio, no web framework, so it is tested on its own. Listing never costs more than one
-Slurm query per transport target per ``refresh_interval`` seconds, however many browsers poll:
-concurrent callers share one in-flight refresh and later callers reuse its result.
+Plain asyncio, no web framework, so it is tested on its own. Listing costs at most one Slurm
+query per target per ``refresh_interval`` seconds, however many browsers poll (see
+``inventory.Inventory``). Housekeeping, every ``housekeeping_interval`` seconds: cancel the
+jobs of clusters whose owning process is known to be dead on this host (without waiting for
+their lease to go stale), and forget ended clusters older than the retention.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import SlurmRayCluster
-from ..errors import SlurmRayError, SpecError
+from ..errors import Conflict, NotFound, SlurmRayError, SpecError
+from ..inventory import Entry, Inventory, tag_matches
 from ..jobdir import EVENTS, JobDir, parse_events
-from ..registry import ClusterRecord, Registry
-from ..slurm import JobInfo, SlurmClient
+from ..naming import is_cluster_id
+from ..registry import Registry
+from ..slurm import SlurmClient
 from ..spec import ClusterSpec
-from ..states import EventSummary, State, Status, derive_status, status_of_record
-from ..transport import Transport, transport_for_target
+from ..states import Status
+from ..targets import Transports
+from ..transport import Transport
 
 log = logging.getLogger(__name__)
 
 SpecResolver = Callable[[Mapping[str, Any], str | None], ClusterSpec]
-TransportMaker = Callable[[], Transport]
 
-
-class NotFound(SlurmRayError):
-    """No cluster with that id in the registry."""
-
-
-@dataclass
-class Snapshot:
-    """What Slurm said about every active job at one moment."""
-
-    jobs: dict[str, JobInfo] = field(default_factory=dict)
-    taken: float = 0.0  # time.monotonic()
-    at: float = 0.0  # time.time(), shown to clients
+DAY = 86400.0
 
 
 class ClusterManager:
-    """Lists, inspects, stops and creates clusters on behalf of the server's handlers."""
+    """Lists, inspects, stops, creates and forgets clusters for the server's handlers."""
 
     def __init__(
         self,
-        registry: Registry | None = None,
+        registry: Registry,
+        transports: Transports,
         *,
+        resolve_spec: SpecResolver,
         refresh_interval: float = 3.0,
-        resolve_spec: SpecResolver | None = None,
-        make_transport: TransportMaker | None = None,
+        retention: float = 7 * DAY,
+        housekeeping_interval: float = 10.0,
     ) -> None:
-        self.registry = registry or Registry()
-        self.refresh_interval = refresh_interval
+        self.registry = registry
+        self.transports = transports
+        self.inventory = Inventory(registry, transports, max_age=refresh_interval)
+        self.retention = retention
+        self.housekeeping_interval = housekeeping_interval
         self._resolve_spec = resolve_spec
-        self._make_transport = make_transport
-        self._transports: dict[str, Transport] = {}
-        self._snapshot = Snapshot()
-        self._refreshing: asyncio.Task[Snapshot] | None = None
         self._owned: dict[str, SlurmRayCluster] = {}  # clusters this server created
-        self.slurm_queries = 0  # Slurm queries made, one per target per refresh
+        self._housekeeping: asyncio.Task[None] | None = None
+        self.reaped: list[str] = []  # job ids cancelled because their owner was gone
+
+    @property
+    def slurm_queries(self) -> int:
+        return self.inventory.slurm_queries
 
     # -- reading ----------------------------------------------------------------------------
     async def list(self) -> dict[str, Any]:
-        """Every cluster in the registry, newest last, with its state reconciled with Slurm."""
-        records = self.registry.all()
-        snapshot = await self._fresh_snapshot()
+        """Every cluster in the registry, oldest first, with its state reconciled with Slurm;
+        unreadable records last."""
+        entries = await self.inventory.entries()
         return {
-            "clusters": [self._view(r, snapshot) for r in records],
-            "reconciled_at": snapshot.at,
+            "clusters": [self.view(e) for e in entries],
+            "reconciled_at": self.inventory.reconciled_at,
             "slurm_queries": self.slurm_queries,
         }
 
     async def get(self, cluster_id: str, *, events: int = 50, log_lines: int = 100) -> dict:
         """One cluster with its recent bootstrap events and the tail of its job output."""
-        record = self._record(cluster_id)
-        snapshot = await self._fresh_snapshot()
-        view = self._view(record, snapshot)
-        transport = self.transport(record.target)
-        view["events"] = await _recent_events(transport, record, events)
-        view["log_tail"] = ""
-        if record.job_id and record.job_dir:
-            cluster = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+        entry = await self._entry(cluster_id)
+        view = self.view(entry)
+        view["events"], view["log_tail"] = [], ""
+        record = entry.record
+        if record is None or not record.job_dir or not self.transports.reaches(record.target):
+            return view
+        job_dir = JobDir(self.transports.for_target(record.target), record.job_dir)
+        view["events"] = await _recent_events(job_dir, events)
+        if record.job_id:
             try:
-                view["log_tail"] = await cluster.logs_async(tail=log_lines)
+                view["log_tail"] = await job_dir.logs(record.job_id, None, log_lines)
             except SlurmRayError as exc:
                 view["log_tail"] = f"(logs unavailable: {exc})"
         return view
 
-    def transport(self, target: Mapping[str, Any]) -> Transport:
-        """One transport per target, reused (one SSH connection per login node)."""
-        key = json.dumps(target, sort_keys=True)
-        transport = self._transports.get(key)
-        if transport is None:
-            transport = transport_for_target(dict(target))
-            self._transports[key] = transport
-        return transport
+    async def status(self, cluster_id: str) -> Status | None:
+        """The cluster's reconciled status (None when there is no such record)."""
+        with contextlib.suppress(NotFound):
+            return (await self._entry(cluster_id)).status
+        return None
+
+    def transport(self, target: str) -> Transport:
+        """The configured transport, if ``target`` (a record's) names it; else UnknownTarget."""
+        return self.transports.for_target(target)
 
     # -- acting -----------------------------------------------------------------------------
     async def stop(self, cluster_id: str, timeout: float = 60.0) -> dict[str, Any]:
         """Cancel the cluster's job and wait until Slurm says it ended."""
-        record = self._record(cluster_id)
+        entry = await self._entry(cluster_id)
+        record = entry.record
+        if record is None:
+            raise SpecError("id", cluster_id, "a readable record (this one can only be forgotten)")
         cluster = self._owned.pop(cluster_id, None)
         if cluster is None:
-            self._expire_snapshot()
-            snapshot = await self._fresh_snapshot()
-            if reconcile(record, snapshot.jobs.get(record.job_id or "")).state.is_final:
-                return self._view(record, snapshot)  # nothing left to stop
-            transport = self.transport(record.target)
+            if not entry.active:
+                return self.view(entry)  # nothing left to stop
+            transport = self.transports.for_target(record.target)
             cluster = SlurmRayCluster.from_record(record, transport, registry=self.registry)
         log.info("stopping cluster %s (job %s)", cluster_id, record.job_id)
         await cluster.down_async(timeout=timeout)
-        self._expire_snapshot()
-        return self._view(self._record(cluster_id), await self._fresh_snapshot())
+        self.inventory.expire()
+        return self.view(await self._entry(cluster_id))
+
+    async def forget(self, cluster_id: str) -> dict[str, Any]:
+        """Delete an ended (or unreadable) cluster's record; Conflict while it is active."""
+        entry = await self._entry(cluster_id)
+        if entry.active:
+            raise Conflict(f"{entry.id} is {entry.state}: stop it before forgetting it")
+        self.registry.delete(entry.id)
+        self._owned.pop(entry.id, None)
+        log.info("forgot cluster %s (%s)", entry.id, entry.state)
+        return {"id": entry.id, "forgotten": True}
 
     async def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Submit a cluster from a profile plus settings; this server owns it (lease)."""
@@ -126,97 +136,111 @@ class ClusterManager:
         profile = settings.pop("profile", None)
         if profile is not None and not isinstance(profile, str):
             raise SpecError("profile", profile, "the name of a profile")
-        spec = self._spec(settings, profile).require_complete()
-        cluster = SlurmRayCluster(spec, self._new_transport(), registry=self.registry)
+        spec = self._resolve_spec(settings, profile).require_complete()
+        cluster = SlurmRayCluster(spec, self.transports.configured(), registry=self.registry)
         await cluster.up_async(wait=False)
         self._owned[cluster.id] = cluster
-        self._expire_snapshot()
+        self.inventory.expire()
         log.info("created cluster %s (job %s) from profile %s", cluster.id, cluster.job_id, profile)
-        return self._view(self._record(cluster.id), Snapshot())
+        return self.view(await self._entry(cluster.id))
 
     def owns(self, cluster_id: str) -> bool:
         return cluster_id in self._owned
 
-    async def close(self) -> None:
-        for transport in self._transports.values():
-            with contextlib.suppress(Exception):
-                await transport.close()
-        self._transports.clear()
+    # -- housekeeping -----------------------------------------------------------------------
+    def start_housekeeping(self) -> None:
+        if self._housekeeping is None or self._housekeeping.done():
+            loop = asyncio.get_running_loop()
+            self._housekeeping = loop.create_task(self._housekeep_forever())
 
-    # -- internals --------------------------------------------------------------------------
-    def _record(self, cluster_id: str) -> ClusterRecord:
-        try:
-            record = self.registry.load(cluster_id)
-        except SlurmRayError:  # not even a valid id
-            record = None
-        if record is None:
-            raise NotFound(f"no cluster {cluster_id!r} in the registry")
-        return record
+    async def _housekeep_forever(self) -> None:
+        while True:
+            try:
+                await self.housekeep()
+            except Exception:  # housekeeping must go on whatever one round hits
+                log.exception("cluster housekeeping failed")
+            await asyncio.sleep(self.housekeeping_interval)
 
-    def _spec(self, settings: dict[str, Any], profile: str | None) -> ClusterSpec:
-        if self._resolve_spec is not None:
-            return self._resolve_spec(settings, profile)
-        from ..config import resolve_spec
+    async def housekeep(self) -> None:
+        """One round: cancel clusters whose owner died here, forget old ended ones."""
+        self.inventory.expire()
+        for entry in await self.inventory.entries():
+            if self._owner_died(entry):
+                await self._reap(entry)
+        self.registry.prune(self.retention)
 
-        spec, _sources = resolve_spec(settings, profile=profile)
-        return spec
-
-    def _new_transport(self) -> Transport:
-        if self._make_transport is not None:
-            return self._make_transport()
-        from ..config import make_transport
-
-        return make_transport()
-
-    def _expire_snapshot(self) -> None:
-        """The next read asks Slurm again (after we changed something ourselves)."""
-        self._snapshot = Snapshot(jobs=self._snapshot.jobs)
-
-    async def _fresh_snapshot(self) -> Snapshot:
-        age = time.monotonic() - self._snapshot.taken
-        if age < self.refresh_interval and self._snapshot.taken:
-            return self._snapshot
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self._refresh())
-        return await asyncio.shield(self._refreshing)
-
-    async def _refresh(self) -> Snapshot:
-        by_target: dict[str, tuple[dict[str, Any], list[str]]] = {}
-        for record in self.registry.all():
-            if record.job_id and not status_of_record(record).state.is_final:
-                key = json.dumps(record.target, sort_keys=True)
-                by_target.setdefault(key, (record.target, []))[1].append(record.job_id)
-        jobs: dict[str, JobInfo] = {}
-        results = await asyncio.gather(
-            *(self._query(target, ids) for target, ids in by_target.values())
+    def _owner_died(self, entry: Entry) -> bool:
+        record = entry.record
+        return (
+            record is not None
+            and entry.active
+            and not entry.error
+            and not record.detached
+            and record.job_id is not None
+            and record.id not in self._owned
+            and record.owner_gone
         )
-        for found in results:
-            jobs.update(found)
-        self._snapshot = Snapshot(jobs=jobs, taken=time.monotonic(), at=time.time())
-        return self._snapshot
 
-    async def _query(self, target: dict[str, Any], job_ids: list[str]) -> dict[str, JobInfo]:
-        self.slurm_queries += 1
-        try:
-            return await SlurmClient(self.transport(target)).query(job_ids)
-        except SlurmRayError as exc:
-            log.warning("asking Slurm about jobs %s failed: %s", ",".join(job_ids), exc)
-            return {}
+    async def _reap(self, entry: Entry) -> None:
+        record = entry.record
+        assert record is not None and record.job_id is not None
+        if not tag_matches(entry.job, record.id):
+            log.warning(
+                "not cancelling job %s of %s: Slurm does not show it tagged as that cluster",
+                record.job_id,
+                record.id,
+            )
+            return
+        log.warning(
+            "cancelling job %s of cluster %s: its owner (pid %d) is gone and it was not detached",
+            record.job_id,
+            record.id,
+            record.owner_pid,
+        )
+        slurm = SlurmClient(self.transports.for_target(record.target))
+        with contextlib.suppress(SlurmRayError):
+            await slurm.cancel(record.job_id)
+            self.reaped.append(record.job_id)
+        self.inventory.expire()
 
-    def _view(self, record: ClusterRecord, snapshot: Snapshot) -> dict[str, Any]:
-        job = snapshot.jobs.get(record.job_id or "")
-        status = reconcile(record, job)
+    async def close(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        await self.transports.close()
+
+    # -- views ------------------------------------------------------------------------------
+    async def _entry(self, cluster_id: str) -> Entry:
+        for entry in await self.inventory.entries():
+            if entry.id == cluster_id:
+                return entry
+        raise NotFound(f"no cluster {cluster_id!r} in the registry")
+
+    def view(self, entry: Entry) -> dict[str, Any]:
+        """What the REST API shows of one entry (the sidebar's row)."""
+        record, status, job = entry.record, entry.status, entry.job
+        if record is None:
+            return {
+                "id": entry.id,
+                "unreadable": True,
+                "error": entry.error,
+                "state": "UNREADABLE",
+                "final": True,
+                "forgettable": is_cluster_id(entry.id),  # not "(registry)", the directory
+            }
         return {
             "id": record.id,
             "name": record.name,
             "state": status.state.value,
             "reason": status.reason,
-            "phase": status.phase if status.state is State.STARTING else None,
+            "notice": status.notice or entry.error,
+            "phase": status.phase if status.state.value == "STARTING" else None,
             "job_id": record.job_id,
             "slurm_state": job.state if job else None,
+            "slurm_unreachable_since": status.slurm_unreachable_since,
             "nodes": list(status.nodes),
             "nodes_wanted": record.nodes_wanted,
             "nodes_joined": status.nodes_joined,
+            "nodes_lost": list(status.nodes_lost),
             "gpus_per_node": record.gpus_per_node,
             "time_limit": status.time_limit,
             "time_left": status.time_left,
@@ -229,43 +253,22 @@ class ClusterManager:
             "owner_alive": record.owner_alive,
             "server_owned": record.id in self._owned,
             "detached": record.detached,
-            "target": _describe_target(record.target),
+            "target": record.target,
+            "reachable": entry.error is None,
+            "unreadable": False,
+            "error": None,
+            "final": status.state.is_final,
+            "forgettable": status.state.is_final,
             "created_at": record.created_at,
             "updated_at": record.updated_at,
             "attach_command": f"%slurm_ray attach {record.name}",
         }
 
 
-def reconcile(record: ClusterRecord, job: JobInfo | None) -> Status:
-    """The record's state corrected by what Slurm says now (e.g. the job ended meanwhile)."""
-    previous = status_of_record(record)
-    state = previous.state
-    if job is None:
-        return previous
-    events = EventSummary(phase=record.phase, joined=record.nodes_joined, ready=state.is_up)
-    return derive_status(
-        previous,
-        job,
-        events,
-        connected=state is State.CONNECTED and record.owner_alive,
-        stopping=state is State.STOPPING,
-    )
-
-
-def _describe_target(target: Mapping[str, Any]) -> str:
-    if target.get("kind") == "ssh":
-        user = f"{target['username']}@" if target.get("username") else ""
-        port = f":{target['port']}" if target.get("port") else ""
-        return f"ssh://{user}{target.get('host', '?')}{port}"
-    return str(target.get("kind", "?"))
-
-
-async def _recent_events(transport: Transport, record: ClusterRecord, count: int) -> list[dict]:
-    if not record.job_dir:
-        return []
+async def _recent_events(job_dir: JobDir, count: int) -> list[dict]:
     try:
-        text = await transport.tail(JobDir(transport, record.job_dir).file(EVENTS), count)
+        text = await job_dir.transport.tail(job_dir.file(EVENTS), count)
     except SlurmRayError as exc:
-        log.warning("reading the events of %s failed: %s", record.id, exc)
+        log.warning("reading the events of %s failed: %s", job_dir.path, exc)
         return []
     return parse_events(text)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..connect import ConnectionInfo
-from ..errors import SlurmRayError
+from ..errors import RegistryError, SlurmRayError, UnknownTarget
+from ..jobdir import JobDir
 from ..registry import ClusterRecord, Registry
-from ..states import State
-from ..transport import Forward, SSHTransport, Transport
+from ..states import State, Status
+from ..transport import Forward, Transport
 
 log = logging.getLogger(__name__)
 
 TransportLookup = Callable[[ClusterRecord], Transport]
+StatusLookup = Callable[[str], Awaitable[Status | None]]
 
 
 class UnknownCluster(SlurmRayError):
@@ -53,30 +55,51 @@ class _Cached:
 class DashboardTargets:
     """Resolves a cluster id to its dashboard, per request, with per-job caching."""
 
-    def __init__(self, registry: Registry, transport_for: TransportLookup) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        transport_for: TransportLookup,
+        status_of: StatusLookup | None = None,
+    ) -> None:
         self.registry = registry
         self._transport_for = transport_for
+        self._status_of = status_of
         self._cache: dict[str, _Cached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def resolve(self, cluster_id: str) -> DashboardTarget:
         record = self._record(cluster_id)
-        state = State(record.state) if record.state in State.__members__ else State.FAILED
-        if state.is_final:
-            self._cache.pop(cluster_id, None)
-            raise DashboardUnavailable(f"cluster {record.name} is {state.value}")
+        await self._refuse_ended(record)
         lock = self._locks.setdefault(cluster_id, asyncio.Lock())
         async with lock:
             cached = self._cache.get(cluster_id)
-            transport = self._transport_for(record)
+            try:
+                transport = self._transport_for(record)
+            except UnknownTarget as exc:
+                raise DashboardUnavailable(f"cluster {record.name}: {exc}") from None
             if cached is None or cached.job_id != record.job_id:
                 cached = await self._load(record, transport)
                 self._cache[cluster_id] = cached
-            if isinstance(transport, SSHTransport) and not cached.forward.is_open:
-                info = cached.info  # the SSH connection was lost and not restored: forward again
+            if not cached.forward.is_open:
+                # Our listener was closed: never let the token go to a port we do not hold.
+                info = cached.info
                 cached.forward = await transport.forward(info.head_ip, info.dashboard_port)
         fwd = cached.forward
         return DashboardTarget(cluster_id, fwd.local_host, fwd.local_port, cached.token)
+
+    async def _refuse_ended(self, record: ClusterRecord) -> None:
+        """DashboardUnavailable when the cluster ended, by its record or by what Slurm says
+        now (a record left READY by an owner that died is not believed)."""
+        state = State(record.state)
+        if not state.is_final and self._status_of is not None:
+            status = await self._status_of(record.id)
+            state = status.state if status is not None else state
+        if state.is_final:
+            self.forget(record.id)
+            raise DashboardUnavailable(
+                f"cluster {record.name} (job {record.job_id}) is {state.value}: "
+                "its dashboard is gone"
+            )
 
     def forget(self, cluster_id: str) -> None:
         cached = self._cache.pop(cluster_id, None)
@@ -86,7 +109,9 @@ class DashboardTargets:
     def _record(self, cluster_id: str) -> ClusterRecord:
         try:
             record = self.registry.load(cluster_id)
-        except SlurmRayError:
+        except RegistryError as exc:
+            raise DashboardUnavailable(f"the record of {cluster_id} is unreadable: {exc}") from None
+        except SlurmRayError:  # not even a cluster id
             record = None
         if record is None:
             raise UnknownCluster(f"no cluster {cluster_id!r}")
@@ -96,7 +121,7 @@ class DashboardTargets:
         if not record.job_dir:
             raise DashboardUnavailable(f"cluster {record.name} has no job directory yet")
         try:
-            text = await transport.read_file_if_exists(f"{record.job_dir}/connection.json")
+            text = await JobDir(transport, record.job_dir).read_connection_if_ready()
             if text is None:
                 raise DashboardUnavailable(f"cluster {record.name} is not ready yet")
             info = ConnectionInfo.from_json(text)
@@ -117,11 +142,9 @@ class DashboardTargets:
         return _Cached(record.job_id, info, token, forward)
 
     async def _token(self, record: ClusterRecord, transport: Transport) -> str:
-        local = self.registry.token_path(record.id)
-        try:
-            token = local.read_text().strip()
-        except FileNotFoundError:
-            token = (await transport.read_file(f"{record.job_dir}/ray_token")).strip()
+        token = self.registry.read_token(record.id)
+        if token is None:
+            token = await JobDir(transport, record.job_dir).read_token()
         if not token:
             raise DashboardUnavailable(f"cluster {record.name} has an empty Ray token")
         return token

@@ -1,0 +1,102 @@
+"""What ``%slurm_ray`` and ``jupyter slurm-ray`` both do, written once: list, down, logs,
+forget, gc. Each returns the lines to print; the callers only parse arguments and print."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .aio import run_sync
+from .errors import SlurmRayError
+from .formatting import status_line
+from .inventory import Entry, Orphan, find_orphans, format_table
+from .session import Session
+from .slurm import SlurmClient
+
+__all__ = ["down", "forget", "gc", "list_table", "logs"]
+
+Confirm = Callable[[Orphan], bool]
+
+
+def list_table(session: Session) -> str:
+    return format_table(run_sync(session.inventory().entries()))
+
+
+def down(session: Session, name: str | None, *, everything: bool = False) -> list[str]:
+    """Stop the cluster ``name`` (None: this kernel's current one), or every active one."""
+    if everything and name:
+        raise SlurmRayError("give a cluster NAME or --all, not both")
+    if everything:
+        entries = run_sync(session.inventory().entries())
+        clusters = [session.find(e.id) for e in entries if e.active and not e.error]
+        if not clusters:
+            return ["no active clusters"]
+    else:
+        clusters = [session.find(name)]
+    lines = []
+    for cluster in clusters:
+        cluster.down()
+        lines.append(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
+    return lines
+
+
+def logs(session: Session, name: str | None, *, node: str | None, tail: int) -> str:
+    if not 0 < tail <= 100_000:
+        raise SlurmRayError(f"--tail: {tail} is not a number of lines from 1 to 100000")
+    cluster = session.find(name)
+    text = cluster.logs(node=node, tail=tail)
+    return text or f"no output yet for {cluster.spec.name} (job {cluster.job_id})"
+
+
+def forget(session: Session, name: str | None, *, ended: bool = False) -> list[str]:
+    """Delete the record of an ended cluster (its job dir, with the logs, stays), or of every
+    ended cluster; an unreadable record can be forgotten by its id."""
+    if bool(name) == bool(ended):
+        raise SlurmRayError("give a cluster NAME or --ended")
+    entries = run_sync(session.inventory().entries())
+    if ended:
+        chosen = [e for e in entries if e.record is not None and e.status.state.is_final]
+        if not chosen:
+            return ["no ended clusters"]
+    else:
+        chosen = [_entry_named(entries, name or "")]
+    registry = session.registry()
+    lines = []
+    for entry in chosen:
+        if entry.active:
+            raise SlurmRayError(
+                f"{entry.id} is {entry.state}: stop it first (down), then forget it"
+            )
+        registry.delete(entry.id)
+        what = "unreadable record" if entry.unreadable else entry.state
+        lines.append(f"forgot {entry.id} ({what})")
+    return lines
+
+
+def _entry_named(entries: list[Entry], name: str) -> Entry:
+    matches = [
+        e
+        for e in entries
+        if name == e.id or (e.record is not None and name in (e.record.name, e.record.job_id))
+    ]
+    if not matches:
+        raise SlurmRayError(f"no cluster {name!r} in the registry")
+    return matches[-1]
+
+
+def gc(session: Session, jobs: list[str], confirm: Confirm) -> list[str]:
+    """Offer to cancel our tagged jobs that no live record owns (see ``find_orphans``)."""
+    slurm = SlurmClient(session.transport())
+    orphans = run_sync(find_orphans(slurm, session.registry()))
+    if jobs:
+        wanted = set(jobs)
+        orphans = [o for o in orphans if {o.job_id, o.cluster_id} & wanted]
+    if not orphans:
+        return ["no orphaned jobs"]
+    lines = [f"job {o.job_id} (cluster {o.cluster_id}): {o.why}" for o in orphans]
+    chosen = [o for o in orphans if confirm(o)]
+    for orphan in chosen:
+        run_sync(slurm.cancel(orphan.job_id))
+        lines.append(f"cancelled job {orphan.job_id}")
+    if len(chosen) < len(orphans):
+        lines.append(f"kept {len(orphans) - len(chosen)} job(s); --yes cancels without asking")
+    return lines

@@ -1,0 +1,64 @@
+"""The names that tie a cluster's pieces together: its id, its Slurm job tag, its target name.
+
+One definition each, used by the job script, the registry, the inventory and the server.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+#: A cluster id: 4 to 64 of a-z 0-9 -, starting with a letter or digit (a file name, a URL
+#: segment and a job comment at once, so nothing that needs quoting anywhere).
+CLUSTER_ID = re.compile(r"[a-z0-9][a-z0-9-]{3,63}", re.ASCII)
+CLUSTER_ID_ALLOWED = "4 to 64 of a-z 0-9 -, starting with a letter or digit"
+
+#: The job comment the job script sets: JOB_TAG + cluster id. It finds our jobs in Slurm.
+JOB_TAG = "jupyter-slurm-ray:"
+
+#: Set by the Jupyter server extension for its kernels: the dashboard proxy's URL prefix.
+DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
+
+
+def is_cluster_id(value: object) -> bool:
+    return isinstance(value, str) and CLUSTER_ID.fullmatch(value) is not None
+
+
+def new_cluster_id(name: str) -> str:
+    """``"My Analysis"`` → ``"my-analysis-1f2e3d4c"``."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:24] or "ray"
+    return f"{stem}-{secrets.token_hex(4)}"
+
+
+def job_comment(cluster_id: str) -> str:
+    return JOB_TAG + cluster_id
+
+
+def cluster_id_of_comment(comment: str) -> str | None:
+    """The cluster id a job comment tags, or None for a job that is not ours."""
+    comment = comment.strip()
+    return comment[len(JOB_TAG) :] if comment.startswith(JOB_TAG) else None
+
+
+def target_name(target: str | Mapping[str, Any]) -> str:
+    """The name of a record's target, also for records of older versions that stored a dict.
+
+    Only a name: a transport is never built from a record (see ``targets.Transports``).
+    """
+    if isinstance(target, str):
+        return target
+    if not isinstance(target, Mapping):
+        return "?"
+    kind = target.get("kind")
+    if kind == "local":
+        prefix = target.get("command_prefix") or ()
+        if isinstance(prefix, list | tuple) and all(isinstance(w, str) for w in prefix):
+            return "local" + (f" ({shlex.join(prefix)})" if prefix else "")
+        return "local (?)"
+    if kind == "ssh":
+        user, host, port = target.get("username"), target.get("host", "?"), target.get("port")
+        return f"ssh://{user + '@' if user else ''}{host}{f':{port}' if port else ''}"
+    return "?"

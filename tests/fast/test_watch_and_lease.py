@@ -1,0 +1,67 @@
+"""The job watcher never dies, and the lease is renewed on its own timer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from jupyter_slurm_ray.lease import Lease, renew_interval
+from jupyter_slurm_ray.slurm import JobInfo, SlurmClient
+from jupyter_slurm_ray.watch import Answer, JobWatcher
+
+from ..helpers.waiting import until
+
+
+class BrokenSlurm(SlurmClient):
+    """Fails with a bug (not a Slurm error) every other query."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def query(self, job_ids):
+        self.calls += 1
+        if self.calls % 2:
+            raise ValueError("a parsing bug")
+        return {j: JobInfo(job_id=j, state="RUNNING") for j in job_ids}
+
+
+async def test_the_watcher_survives_bugs_and_broken_subscribers_and_reports_them():
+    answers: list[Answer] = []
+
+    async def subscriber(answer: Answer) -> None:
+        answers.append(answer)
+        raise RuntimeError("a broken observer")
+
+    watcher = JobWatcher(BrokenSlurm(), interval=0.01)
+    watcher.watch("1", subscriber)
+    await until(lambda: len(answers) >= 4, 5, "four polls")
+    silent = [a for a in answers if not a.answered]
+    assert silent and "a parsing bug" in silent[0].error
+    assert any(a.answered and a.job.state == "RUNNING" for a in answers)
+    watcher.unwatch("1", subscriber)
+    await asyncio.wait_for(watcher._task, 5)
+
+
+def test_the_lease_says_who_when_and_how_often():
+    lease = Lease(idle_timeout=300)
+    first, second = json.loads(lease.text()), json.loads(lease.text())
+    assert second["seq"] == first["seq"] + 1 and second["t"] >= first["t"]
+    assert first["renew_every"] == renew_interval(300) == 10.0
+    assert renew_interval(5) == 1.25 and renew_interval(1) == 1.0
+
+
+async def test_the_lease_outlives_write_failures():
+    written: list[str] = []
+
+    async def write(text: str) -> None:
+        if len(written) % 2 == 0:
+            written.append("failed")
+            raise OSError("the filesystem hiccups")
+        written.append(text)
+
+    lease = Lease(idle_timeout=4)  # every 1 s
+    lease.keep(write)
+    await until(lambda: len(written) >= 3, 6, "three renewals")
+    assert lease.kept and written[1].startswith("{") and lease.renewed_at is not None
+    lease.release()
+    assert not lease.kept

@@ -1,0 +1,199 @@
+"""A scripted Slurm for the fast tier: Slurm's commands answered from a table of jobs.
+
+``FakeTransport`` runs everything that is not a Slurm command for real on this machine (the
+package's constant shell programs: job dir, lease, events), as the current user, and answers
+``sbatch``/``squeue``/``sacct``/``scontrol``/``scancel``/``sinfo`` from :class:`FakeSlurm`.
+Tests move jobs between states, write the bootstrap's events into the job dir, and take the
+controller away (``slurm.down = True``) to see what the package makes of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jupyter_slurm_ray.errors import TransportError
+from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, LocalTransport
+
+SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo")
+NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+
+@dataclass
+class FakeJob:
+    job_id: str
+    script_path: str
+    comment: str = ""
+    name: str = "ray"
+    state: str = "PENDING"
+    reason: str = "Priority"
+    nodes: str = ""
+    time_left: str = "9:50"
+    time_limit: str = "10:00"
+    exit_code: str = "0:0"
+    forgotten: bool = False  # past MinJobAge and without accounting: Slurm knows it no more
+
+
+@dataclass
+class FakeSlurm:
+    """Jobs by id, and the controller's mood."""
+
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    down: bool = False  # the controller does not answer
+    accounting: bool = False  # sacct answers (else only scontrol remembers ended jobs)
+    refuse_submit: str | None = None  # sbatch's error message, if it refuses
+    node_reasons: dict[str, str] = field(default_factory=dict)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(100))
+
+    def job(self, job_id: str) -> FakeJob:
+        return self.jobs[job_id]
+
+    def only_job(self) -> FakeJob:
+        (job,) = self.jobs.values()
+        return job
+
+    def run(self, job_id: str, nodes: str = "node1") -> None:
+        job = self.jobs[job_id]
+        job.state, job.reason, job.nodes = "RUNNING", "None", nodes
+
+    def end(self, job_id: str, state: str = "COMPLETED", exit_code: str = "0:0") -> None:
+        job = self.jobs[job_id]
+        job.state, job.reason, job.exit_code = state, "None", exit_code
+
+    # -- answering commands -----------------------------------------------------------------
+    def answer(self, argv: Sequence[str], input: str | None) -> CommandResult:
+        self.calls.append(tuple(argv))
+        command = argv[0]
+        if self.down and command != "sacct":
+            return _result(argv, 1, "", NO_CONTROLLER)
+        handler = getattr(self, f"_{command}")
+        return handler(list(argv))
+
+    def _sbatch(self, argv: list[str]) -> CommandResult:
+        if self.refuse_submit:
+            return _result(argv, 1, "", f"sbatch: error: {self.refuse_submit}")
+        path = argv[-1]
+        with open(path) as script:
+            text = script.read()
+        comment = re.search(r"^#SBATCH --comment=(\S+)", text, re.M)
+        name = re.search(r"^#SBATCH --job-name=(\S+)", text, re.M)
+        job_id = str(next(self._ids))
+        self.jobs[job_id] = FakeJob(
+            job_id, path, comment.group(1) if comment else "", name.group(1) if name else ""
+        )
+        return _result(argv, 0, f"{job_id}\n")
+
+    def _squeue(self, argv: list[str]) -> CommandResult:
+        if "--me" in argv:
+            lines = [f"{j.job_id}|{j.comment}" for j in self._visible() if j.state in _ACTIVE]
+            return _result(argv, 0, "".join(line + "\n" for line in lines))
+        wanted = argv[argv.index("-j") + 1].split(",")
+        found = [self.jobs[j] for j in wanted if j in self.jobs and not self.jobs[j].forgotten]
+        if not found:
+            return _result(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+        lines = [
+            "|".join(
+                (
+                    j.job_id,
+                    j.state,
+                    "1",
+                    "N/A",
+                    j.time_left,
+                    j.time_limit,
+                    j.nodes or "(null)",
+                    j.name,
+                    j.comment,
+                    j.reason,
+                )
+            )
+            for j in found
+        ]
+        return _result(argv, 0, "".join(line + "\n" for line in lines))
+
+    def _sacct(self, argv: list[str]) -> CommandResult:
+        if not self.accounting:
+            return _result(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
+        wanted = argv[argv.index("-j") + 1].split(",")
+        lines = [
+            f"{j.job_id}|{j.state}|{j.exit_code}|{j.nodes}|N/A|10|{j.name}"
+            for j in (self.jobs[i] for i in wanted if i in self.jobs)
+            if j.state not in _ACTIVE
+        ]
+        return _result(argv, 0, "".join(line + "\n" for line in lines))
+
+    def _scontrol(self, argv: list[str]) -> CommandResult:
+        job = self.jobs.get(argv[-1])
+        if job is None or job.forgotten:
+            return _result(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+        line = (
+            f"JobId={job.job_id} JobName={job.name} JobState={job.state} "
+            f"NodeList={job.nodes or '(null)'} ExitCode={job.exit_code} TimeLimit={job.time_limit}"
+        )
+        return _result(argv, 0, line + "\n")
+
+    def _scancel(self, argv: list[str]) -> CommandResult:
+        job = self.jobs.get(argv[-1])
+        if job is not None and job.state in _ACTIVE:
+            job.state, job.reason = "CANCELLED", "None"
+        return _result(argv, 0, "")
+
+    def _sinfo(self, argv: list[str]) -> CommandResult:
+        if "-R" in argv:
+            lines = [f"{node}|{why}" for node, why in self.node_reasons.items()]
+            return _result(argv, 0, "".join(line + "\n" for line in lines))
+        return _result(argv, 0, "debug|up|0/3/0/3|2|6000|gpu:2|infinite|debug*\n")
+
+    def _visible(self) -> list[FakeJob]:
+        return [j for j in self.jobs.values() if not j.forgotten]
+
+
+_ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+
+
+def _result(argv: Sequence[str], code: int, out: str, err: str = "") -> CommandResult:
+    return CommandResult(tuple(argv), code, out, err)
+
+
+class FakeTransport(LocalTransport):
+    """Local commands for real; Slurm's commands answered by a FakeSlurm."""
+
+    def __init__(self, slurm: FakeSlurm, target: str = "fake") -> None:
+        super().__init__()
+        self.slurm = slurm
+        self.target = target
+        self.commands: list[tuple[str, ...]] = []
+        # A Slurm command whose answer is lost: before it ran, or after it did its work.
+        self.hang_before: str | None = None
+        self.hang_after: str | None = None
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        check: bool = True,
+    ) -> CommandResult:
+        self.commands.append(tuple(argv))
+        slurm_argv = _slurm_argv(argv)
+        if slurm_argv is None:
+            return await super().run(argv, input=input, timeout=timeout, check=check)
+        lost = TransportError(f"{slurm_argv[0]} did not finish within {timeout:g} s")
+        if self.hang_before == slurm_argv[0]:
+            raise lost
+        result = self.slurm.answer(slurm_argv, input)
+        if self.hang_after == slurm_argv[0]:
+            raise lost
+        return result.check() if check else result
+
+
+def _slurm_argv(argv: Sequence[str]) -> list[str] | None:
+    if argv and argv[0] in SLURM_COMMANDS:
+        return list(argv)
+    # the package submits through a constant program: sh -c PROGRAM sbatch SCRIPT
+    if len(argv) == 5 and argv[:2] == ["sh", "-c"] and argv[3] == "sbatch":
+        return ["sbatch", argv[4]]
+    return None

@@ -1,0 +1,99 @@
+"""Faults injected for real into the testbed: the Slurm controller, nodes, sshd sessions.
+
+Every fault is undone by the context manager that injects it (the controller resumed or
+restarted, the node resumed), so a failing test leaves the testbed as it found it. Figures
+(what the user saw, and when) go to ``test-artifacts/fault-figures.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .waiting import wait_for
+
+RUN = Path("/run/jsr-testbed")
+DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+def daemon_pid(name: str) -> int:
+    return int((RUN / f"{name}.pid").read_text().split()[0])
+
+
+def slurm_answers() -> bool:
+    done = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30, check=False)
+    return done.returncode == 0
+
+
+@contextlib.contextmanager
+def controller_paused() -> Iterator[int]:
+    """slurmctld stopped with SIGSTOP (its clients then time out), resumed on exit."""
+    pid = daemon_pid("slurmctld")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        wait_for(slurm_answers, 60, "slurmctld to answer again", step=1)
+
+
+def restart_controller(down_for: float) -> None:
+    """Kill slurmctld (SIGKILL: no goodbye), wait, start it again from its saved state."""
+    pid = daemon_pid("slurmctld")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "slurmctld to die", step=0.1)
+    time.sleep(down_for)
+    subprocess.run(["slurmctld"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
+    wait_for(slurm_answers, 60, "the restarted slurmctld to answer", step=1)
+
+
+@contextlib.contextmanager
+def node_down(node: str, reason: str = "jsr fault test") -> Iterator[None]:
+    """``scontrol update state=down`` for a node; resumed (and idle again) on exit."""
+    subprocess.run(
+        ["scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}"], check=True
+    )
+    try:
+        yield
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        wait_for(lambda: _node_state(node) in ("idle", "mixed", "allocated"), 60, f"{node} back")
+
+
+def _node_state(node: str) -> str:
+    done = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True, check=False
+    )
+    return done.stdout.split()[0] if done.stdout.split() else ""
+
+
+def sshd_sessions(user: str) -> list[int]:
+    """PIDs of the sshd processes serving ``user``'s sessions (children of the daemon)."""
+    daemon = daemon_pid("sshd")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == daemon and cmdline.startswith(f"sshd: {user}"):
+            found.append(int(entry.name))
+    return found
+
+
+def record_figure(fault: str, **figures: object) -> None:
+    """One line of figures for a fault: what the user saw, when reported, when all gone."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(ARTIFACTS / "fault-figures.jsonl", "a") as f:
+        f.write(json.dumps({"fault": fault, **figures}) + "\n")

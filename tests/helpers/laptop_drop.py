@@ -1,0 +1,146 @@
+"""A laptop session through an SSH drop: run by tests/test_cluster_ssh.py in the host
+("laptop") network namespace. While a Ray task runs, the sshd process serving the session is
+killed; a squatter keeps trying to take the forwards' local ports and records what reaches
+it. Prints one JSON object with what it saw.
+
+Usage: laptop_drop.py STATE_DIR SSHD_DAEMON_PID
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import ray
+
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.transport import SSHTransport
+from tests.clusters import cluster_spec
+
+SQUATTER = """
+import json, socket, sys, time
+ports, until = [int(p) for p in sys.argv[1].split(",")], time.time() + float(sys.argv[2])
+bound, received = [], b""
+while time.time() < until:
+    for port in ports:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        s.listen(8)
+        s.settimeout(0.5)
+        bound.append(port)
+        try:
+            conn, _ = s.accept()
+            conn.settimeout(2)
+            received += conn.recv(65536)
+        except OSError:
+            pass
+        s.close()
+    time.sleep(0.05)
+print(json.dumps({"bound": bound, "received": received.decode("latin-1")}))
+"""
+
+
+def sshd_sessions(user: str, daemon: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if ppid == daemon and cmdline.startswith(f"sshd: {user}"):
+            found.append(int(entry.name))
+    return found
+
+
+def main() -> None:
+    env = os.environ
+    user, daemon = env["JSR_USER"], int(sys.argv[2])
+    transport = SSHTransport(
+        env["JSR_SSH_HOST"],
+        username=user,
+        client_keys=[env[f"JSR_KEY_{user}"]],
+        known_hosts=env["JSR_KNOWN_HOSTS"],
+        agent_path=None,
+        connect_timeout=5,
+    )
+    cluster = SlurmRayCluster(
+        cluster_spec(idle_timeout=20), transport, registry=Registry(sys.argv[1]), poll_interval=1
+    )
+    seen: dict = {}
+    try:
+        cluster.up()
+        ports = sorted(f.local_port for f in transport.open_forwards)
+        seen["ports_before"] = ports
+        token = Path(cluster._token_path).read_text().strip()
+        lease = f"{cluster.job_dir}/lease"
+
+        @ray.remote(num_cpus=0)
+        def slow() -> str:
+            time.sleep(8)
+            return socket.gethostname()
+
+        ref = slow.remote()
+        squatter = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(SQUATTER), ",".join(map(str, ports)), "25"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1)
+        sessions = sshd_sessions(user, daemon)
+        for pid in sessions:
+            os.kill(pid, signal.SIGKILL)
+        dropped = time.monotonic()
+        seen["sessions_killed"] = len(sessions)
+        try:
+            seen["task_result"] = ray.get(ref, timeout=90)
+        except Exception as exc:  # what Ray Client does across the drop is the measurement
+            seen["task_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        seen["task_done_after_drop_s"] = round(time.monotonic() - dropped, 1)
+        seen["ssh_connects"] = transport.connects
+        seen["ports_after"] = sorted(f.local_port for f in transport.open_forwards)
+        first = _read(cluster, lease)
+        time.sleep(6)
+        seen["lease_renewed_after_drop"] = _read(cluster, lease) != first
+        try:
+            seen["task_after_drop"] = ray.get(slow.options(num_cpus=0).remote(), timeout=90)
+        except Exception as exc:
+            seen["task_after_drop_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        seen["state_after_drop"] = cluster.state.value
+        out, _ = squatter.communicate(timeout=60)
+        squat = json.loads(out)
+        seen["squatter_bound"] = squat["bound"]
+        seen["squatter_got_token"] = token in squat["received"]
+    finally:
+        status = cluster.down()
+        seen["final_state"] = status.state.value
+        seen["forwards_after_down"] = len(transport.open_forwards)
+        seen["job_id"], seen["job_dir"] = cluster.job_id, cluster.job_dir
+        cluster.close()
+    print(json.dumps(seen), flush=True)
+
+
+def _read(cluster: SlurmRayCluster, path: str) -> str:
+    from jupyter_slurm_ray.aio import run_sync
+
+    return run_sync(cluster.transport.read_file(path))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+"""Faults a real site inflicts, injected for real on the testbed: the controller paused and
+restarted, kernels killed at every stage, a node set DOWN, a raylet killed, hostile input.
+
+Every test ends with nothing left: no job, no Ray process, no record claiming to be alive.
+Figures (the state the user saw, when it was reported, when everything was gone) are
+appended to ``test-artifacts/fault-figures.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.states import State
+from jupyter_slurm_ray.transport import LocalTransport
+
+from .clusters import cluster_spec, processes_of, squeue_has
+from .conftest import as_user
+from .helpers.faults import (
+    controller_paused,
+    node_down,
+    record_figure,
+    restart_controller,
+)
+from .helpers.kernel import start_kernel
+from .helpers.waiting import wait_for
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+IDLE = 10.0  # idle_timeout of these clusters: the lease goes stale 10 s after its owner
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Registry:
+    return Registry(tmp_path_factory.mktemp("state"))
+
+
+def new_cluster(registry: Registry, user: str = "alice", **spec) -> SlurmRayCluster:
+    spec.setdefault("idle_timeout", IDLE)
+    return SlurmRayCluster(
+        cluster_spec(**spec), LocalTransport(as_user(user)), registry=registry, poll_interval=0.5
+    )
+
+
+def assert_nothing_left(job_id: str, job_dir: str, timeout: float = 40) -> float:
+    """Seconds until the job left squeue and no process of the cluster remains."""
+    started = time.monotonic()
+    wait_for(lambda: not squeue_has(job_id), timeout, f"job {job_id} to leave squeue")
+    wait_for(lambda: not processes_of(job_dir), 30, "the cluster's processes to end")
+    return time.monotonic() - started
+
+
+def events_of(job_dir: str) -> list[dict]:
+    with open(f"{job_dir}/events.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_a_task() -> str:
+    @ray.remote(num_cpus=0)
+    def where() -> str:
+        import socket
+
+        return socket.gethostname()
+
+    return ray.get(where.remote(), timeout=60)
+
+
+# -- the controller -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def connected(registry):
+    """One connected cluster that lives through the controller faults below."""
+    cluster = new_cluster(registry)
+    cluster.up()
+    yield cluster
+    cluster.down()
+    assert_nothing_left(cluster.job_id, cluster.job_dir)
+
+
+def test_a_paused_controller_never_ends_a_connected_cluster(connected):
+    with controller_paused():
+        paused = time.monotonic()
+        silent = wait_for(
+            lambda: connected.status.slurm_unreachable_since, 60, "the silence to show", step=0.5
+        )
+        noticed = time.monotonic() - paused
+        time.sleep(max(0.0, IDLE * 2 - noticed))  # well past the idle timeout
+        assert connected.state is State.CONNECTED
+        shown = connected.status.describe()
+        assert "Slurm not answering for" in shown
+        assert connected.registry.load(connected.id).slurm_unreachable_since == silent
+    resumed = time.monotonic()
+    wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
+    assert connected.state is State.CONNECTED and run_a_task().startswith("node")
+    assert not any(e["event"] == "lease_stale" for e in events_of(connected.job_dir))
+    record_figure(
+        "slurmctld paused 20 s",
+        user_saw=shown,
+        reported_after_s=round(noticed, 1),
+        recovered_after_resume_s=round(time.monotonic() - resumed, 1),
+        cluster_ended=False,
+    )
+
+
+def test_a_restarted_controller_never_ends_a_connected_cluster(connected):
+    seen: list[str] = []
+    connected.add_observer(lambda status: seen.append(status.describe()))
+    killed = time.monotonic()
+    restart_controller(down_for=IDLE * 1.5)
+    back = time.monotonic() - killed
+    wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
+    assert connected.state is State.CONNECTED and squeue_has(connected.job_id)
+    assert any("CONNECTED" in line and "Slurm not answering" in line for line in seen)
+    assert run_a_task().startswith("node")
+    record_figure(
+        "slurmctld killed, restarted after 15 s",
+        user_saw=[line for line in seen if "not answering" in line][-1:],
+        controller_back_after_s=round(back, 1),
+        cluster_ended=False,
+    )
+
+
+# -- the owner dies -----------------------------------------------------------------------------
+def test_a_job_whose_owner_died_while_pending_never_starts_ray(registry, testbed):
+    kernel = start_kernel(
+        str(registry.path), as_user(testbed.user), idle_timeout=IDLE, extra_sbatch=["--hold"]
+    )
+    kernel.kill()
+    time.sleep(IDLE + 2)  # the owner is long gone when the job is released
+    subprocess.run([*as_user(testbed.user), "scontrol", "release", kernel.job_id], check=True)
+    released = time.monotonic()
+    ray_seen = []
+    while squeue_has(kernel.job_id) and time.monotonic() - released < 60:
+        ray_seen += processes_of(kernel.job_dir)
+        time.sleep(0.2)
+    ended = time.monotonic() - released
+    events = events_of(kernel.job_dir)
+    gone = [e for e in events if e["event"] == "owner_gone"]
+    assert gone and "owner is gone" in gone[0]["reason"]
+    assert not ray_seen and not Path(kernel.job_dir, "connection.json").exists()
+    assert ended < 30
+    assert_nothing_left(kernel.job_id, kernel.job_dir)
+    record_figure(
+        "kernel SIGKILLed while PENDING",
+        events=[e["event"] for e in events],
+        job_ended_after_start_s=round(ended, 1),
+        ray_processes=len(ray_seen),
+    )
+
+
+@pytest.mark.parametrize("stage", ["STARTING", "CONNECTED"])
+def test_a_killed_kernels_cluster_is_gone_within_the_idle_timeout(registry, testbed, stage):
+    kernel = start_kernel(
+        str(registry.path),
+        as_user(testbed.user),
+        idle_timeout=IDLE,
+        wait=stage == "CONNECTED",
+        connect=True,
+    )
+    if stage == "STARTING":
+        wait_for(lambda: Path(kernel.job_dir, "head.json").exists(), 60, "the head to start")
+    else:
+        assert kernel.next_line()["state"] == "CONNECTED"
+    kernel.kill()
+    killed = time.monotonic()
+    gone_after = assert_nothing_left(kernel.job_id, kernel.job_dir, timeout=IDLE + 30)
+    assert any(e["event"] == "lease_stale" for e in events_of(kernel.job_dir))
+    assert gone_after <= IDLE + 2 + 15  # idle timeout + one poll + Slurm's kill
+    assert time.monotonic() - killed > IDLE * 0.5  # it waited for the lease
+    record_figure(
+        f"kernel SIGKILLed while {stage}",
+        nothing_left_after_s=round(gone_after, 1),
+        idle_timeout_s=IDLE,
+    )
+
+
+# -- nodes --------------------------------------------------------------------------------------
+def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry):
+    cluster = new_cluster(registry, nodes=2)
+    cluster.up(connect=False)
+    node = cluster.status.nodes[1]
+    with node_down(node, reason="jsr fault test"):
+        downed = time.monotonic()
+        wait_for(lambda: cluster.state.is_final, 60, "the cluster to end")
+        reported = time.monotonic() - downed
+        status = cluster.status
+        assert status.state is State.NODE_FAIL, status
+        assert node in status.reason and "jsr fault test" in status.reason
+        gone_after = assert_nothing_left(cluster.job_id, cluster.job_dir, timeout=120)
+        time.sleep(3)
+        assert not squeue_has(cluster.job_id)  # not requeued
+    record_figure(
+        "node set DOWN under a 2-node cluster",
+        user_saw=status.describe(),
+        reported_after_s=round(reported, 1),
+        nothing_left_after_s=round(gone_after + reported, 1),
+    )
+
+
+def test_a_killed_raylet_is_shown_lost_and_the_rest_keeps_working(registry):
+    cluster = new_cluster(registry, nodes=2)
+    cluster.up()
+    try:
+        worker = cluster.status.nodes[1]
+        raylets = [p for p in processes_of(cluster.job_dir) if _is_raylet_on(p, worker)]
+        assert raylets, "no raylet found on the worker"
+        for pid in raylets:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: cluster.status.nodes_lost, 90, "the lost node to show")
+        reported = time.monotonic() - killed
+        status = cluster.status
+        assert status.state is State.CONNECTED and status.reason == f"{worker} lost"
+        assert (status.nodes_joined, status.nodes_wanted) == (1, 2)
+        assert run_a_task() == cluster.status.nodes[0]
+        record_figure(
+            "worker raylet SIGKILLed",
+            user_saw=status.describe(),
+            reported_after_s=round(reported, 1),
+            cluster_ended=False,
+        )
+    finally:
+        cluster.down()
+    assert_nothing_left(cluster.job_id, cluster.job_dir)
+
+
+def _is_raylet_on(pid: int, host: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return cmdline[0].endswith(b"/raylet") and any(
+        arg.startswith(b"--session_dir=") and f"-{host}/".encode() in arg for arg in cmdline
+    )
+
+
+# -- hostile and careless input -----------------------------------------------------------------
+def test_a_job_dir_root_another_user_can_write_is_refused(registry, testbed):
+    shared = Path("/tmp") / f"jsr-shared-{uuid.uuid4().hex[:8]}"
+    shared.mkdir(mode=0o755)
+    try:
+        subprocess.run(["chown", f"{testbed.user2}:", str(shared)], check=True)
+        cluster = new_cluster(registry, job_dir_root=f"{shared}/jobs")
+        with pytest.raises(SpecError) as refused:
+            cluster.up(wait=False)
+        assert refused.value.field == "job_dir_root"
+        assert f"{shared} belongs to uid" in str(refused.value)
+        assert cluster.job_id is None and registry.load(cluster.id) is None
+        assert not (shared / "jobs").exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(shared)], check=True)
+
+
+def test_secrets_and_an_outer_allocation_reach_no_process_of_the_job(registry, monkeypatch):
+    secrets = {
+        "JUPYTERHUB_API_TOKEN": "hub-secret-4711",
+        "RAY_AUTH_TOKEN": "ray-secret-4711",
+        "SLURM_MEM_PER_CPU": "4711",
+        "MY_SERVICE_PASSWORD": "pw-4711",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    cluster = new_cluster(registry)
+    try:
+        cluster.up(connect=False)
+        assert cluster.state is State.READY
+        script = Path(cluster.job_dir, "job.sbatch").read_text()
+        pids = processes_of(cluster.job_dir)
+        assert len(pids) > 5
+        leaked = {}
+        for pid in pids:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().decode(errors="replace")
+            leaked.update({name: pid for name, v in secrets.items() if v in environ})
+        assert leaked == {}
+        for name in secrets:
+            assert name not in script.split("--export=")[1].split("\n")[0]
+    finally:
+        cluster.down()
+    assert_nothing_left(cluster.job_id, cluster.job_dir)
+
+
+def test_output_that_is_not_utf8_does_not_stop_the_final_state(registry):
+    cluster = new_cluster(registry, setup=["printf 'caf\\351 \\377\\n'", "sleep 600"])
+    cluster.up(wait=False)
+    wait_for(lambda: cluster.state is State.STARTING, 60, "the job to run")
+    subprocess.run(["scancel", cluster.job_id], check=True)
+    wait_for(lambda: cluster.state.is_final, 60, "the cancel to be seen")
+    assert cluster.state is State.CANCELLED
+    assert "\ufffd" in cluster.logs()
+    assert_nothing_left(cluster.job_id, cluster.job_dir)
+
+
+HANGING_WRAPPER = """#!/bin/sh
+# runs the command, then hangs if it was the submit (an SSH drop or a stuck sbatch)
+"$@"
+status=$?
+case "$*" in *sbatch*) sleep 300 ;; esac
+exit $status
+"""
+
+
+def test_a_submit_that_hangs_after_queueing_is_adopted_not_orphaned(registry, tmp_path, testbed):
+    wrapper = tmp_path / "hang-after-sbatch"
+    wrapper.write_text(HANGING_WRAPPER)
+    wrapper.chmod(0o755)
+    transport = LocalTransport([str(wrapper), *as_user(testbed.user)])
+    cluster = SlurmRayCluster(
+        cluster_spec(idle_timeout=IDLE), transport, registry=registry, submit_timeout=5
+    )
+    started = time.monotonic()
+    cluster.up(wait=False)
+    adopted_after = time.monotonic() - started
+    try:
+        assert cluster.job_id and squeue_has(cluster.job_id)
+        tagged = subprocess.run(
+            [*as_user(testbed.user), "squeue", "-h", "--me", "-o", "%i %k"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        ours = [line.split()[0] for line in tagged.splitlines() if cluster.id in line]
+        assert ours == [cluster.job_id]  # exactly one job, and it is the one adopted
+        assert registry.load(cluster.id).job_id == cluster.job_id
+    finally:
+        cluster.down()
+    assert_nothing_left(cluster.job_id, cluster.job_dir)
+    record_figure("sbatch hangs after queueing", adopted_after_s=round(adopted_after, 1))
