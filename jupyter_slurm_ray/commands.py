@@ -18,6 +18,10 @@ Confirm = Callable[[Orphan], bool]
 
 
 def list_table(session: Session) -> str:
+    """The registry's clusters reconciled with Slurm (ended ones past the retention are
+    forgotten first)."""
+    days = float(session.setting("record_retention_days", 7.0))
+    session.registry().prune(days * 86400)
     return format_table(run_sync(session.inventory().entries()))
 
 
