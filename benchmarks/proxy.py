@@ -28,7 +28,7 @@ import psutil
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_helpers import head_of, jupyter_server, start_cluster
+from tests.helpers.server import head_of, jupyter_server, start_cluster
 
 
 def median_ms(fetch: Callable[[], requests.Response], repeats: int) -> float:

@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from clusters import VENV_PYTHON, cluster_spec, processes_of
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.connect import connect_ray_client, disconnect_ray_client
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
+from tests.helpers.clusters import cluster_spec, processes_of
+from tests.helpers.paths import VENV_PYTHON
 
 USER = os.environ.get("JSR_USER", "alice")
 AS_USER = ["runuser", "-u", USER, "--"]

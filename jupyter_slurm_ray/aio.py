@@ -1,4 +1,4 @@
-"""One background event loop per process, and the sync facade over the async core.
+"""One background event loop per process, and the blocking twins of the async core.
 
 Notebooks already run an event loop, so the sync methods cannot ``asyncio.run``. Instead every
 coroutine runs on one long-lived loop in a daemon thread; that loop also keeps serving SSH port
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 T = TypeVar("T")
+S = TypeVar("S")
+P = ParamSpec("P")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -52,22 +53,20 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         raise
 
 
-def sync_facade(cls: type[T]) -> type[T]:
-    """For every ``name_async`` coroutine method add a blocking ``name`` twin (unless defined)."""
-    for attr, func in list(vars(cls).items()):
-        if attr.endswith("_async") and inspect.iscoroutinefunction(func):
-            name = attr[: -len("_async")]
-            if name not in vars(cls):
-                setattr(cls, name, _make_sync(func))
-    return cls
+def blocking(
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[S, P], T]:
+    """The blocking twin of an ``*_async`` method, for notebooks: ``up = blocking(up_async)``.
 
+    Declared in the class body, so the twin is visible (and typed) like any method.
+    """
 
-def _make_sync(func: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
-    @functools.wraps(func)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return run_sync(func(self, *args, **kwargs))
+    @functools.wraps(method)
+    def twin(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        return run_sync(method(self, *args, **kwargs))
 
-    wrapper.__name__ = func.__name__[: -len("_async")]
-    wrapper.__qualname__ = wrapper.__qualname__[: -len("_async")]
-    wrapper.__doc__ = f"Blocking form of :meth:`{func.__name__}`.\n\n{func.__doc__ or ''}"
-    return wrapper
+    name = method.__name__.removesuffix("_async")
+    twin.__name__ = name
+    twin.__qualname__ = method.__qualname__.removesuffix("_async")
+    twin.__doc__ = f"Blocking form of :meth:`{method.__name__}`.\n\n{method.__doc__ or ''}"
+    return twin

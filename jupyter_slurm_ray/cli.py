@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import commands
+from .commands import NAME_HELP, add_arguments
 from .config import SlurmRay
 from .errors import SlurmRayError
 from .inventory import Orphan
@@ -26,13 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("list", help="every cluster in the registry, with Slurm's view of its job")
-    down = sub.add_parser("down", help="stop a cluster (or --all active ones)")
-    down.add_argument("name", nargs="?", help="a cluster name, id or Slurm job id")
-    down.add_argument("--all", action="store_true", help="every active cluster of the registry")
+    add_arguments("down", sub.add_parser("down", help="stop a cluster (or --all)"), NAME_HELP)
     logs = sub.add_parser("logs", help="a cluster's job output, or one node's Ray log")
-    logs.add_argument("name", help="a cluster name, id or Slurm job id")
-    logs.add_argument("--node", metavar="HOST", help="this node's Ray log instead")
-    logs.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines (100)")
+    add_arguments("logs", logs, NAME_HELP)
     gc = sub.add_parser(
         "gc",
         help="cancel our jobs (by their comment tag) that no live record owns",
@@ -47,14 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Ended clusters' records are also forgotten by themselves after "
         "SlurmRay.record_retention_days (7). The job dir, with its logs, is kept.",
     )
-    forget.add_argument("name", nargs="?", help="a cluster name, id or Slurm job id")
-    forget.add_argument("--ended", action="store_true", help="every ended cluster")
+    add_arguments("forget", forget, NAME_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, ask: Ask = input) -> int:
     """Run one command; the exit status is 0 on success, 1 on an error, 2 on bad usage."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     session = Session(SlurmRay())
     try:
@@ -110,5 +105,12 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "forget": _forget,
 }
 
-if __name__ == "__main__":  # pragma: no cover
+
+def console_main() -> None:
+    """The ``jupyter slurm-ray`` command (and ``jupyter-slurm-ray``): logs to stderr, exits."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    console_main()

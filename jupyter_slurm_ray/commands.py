@@ -3,6 +3,7 @@ forget, gc. Each returns the lines to print; the callers only parse arguments an
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 from .aio import run_sync
@@ -12,9 +13,23 @@ from .inventory import Entry, Orphan, find_orphans, format_table
 from .session import Session
 from .slurm import SlurmClient
 
-__all__ = ["down", "forget", "gc", "list_table", "logs"]
+__all__ = ["add_arguments", "down", "forget", "gc", "list_table", "logs"]
 
 Confirm = Callable[[Orphan], bool]
+
+NAME_HELP = "a cluster name, id or Slurm job id"
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser, name_help: str) -> None:
+    """The arguments ``command`` (down, logs, forget) takes, in the magic and in the CLI."""
+    parser.add_argument("name", nargs="?", help=name_help)
+    if command == "down":
+        parser.add_argument("--all", action="store_true", help="every active cluster")
+    elif command == "logs":
+        parser.add_argument("--node", metavar="HOST", help="this node's Ray log instead")
+        parser.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines")
+    elif command == "forget":
+        parser.add_argument("--ended", action="store_true", help="every ended cluster")
 
 
 def list_table(session: Session) -> str:

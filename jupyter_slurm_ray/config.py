@@ -14,12 +14,24 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, Union, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Float,
+    Int,
+    List,
+    TraitError,
+    TraitType,
+    Unicode,
+    Union,
+    validate,
+)
 from traitlets.config import Configurable
+from traitlets.traitlets import MetaHasTraits
 
 from .errors import SpecError
 from .spec import FIELD_NAMES, ClusterSpec, resolve
@@ -53,118 +65,100 @@ SPEC_SETTINGS: tuple[str, ...] = tuple(name for name in FIELD_NAMES if name != "
 _SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ClusterSpec)}
 
 
-def _text(help: str) -> Unicode:
-    return Unicode(None, allow_none=True, help=help).tag(config=True)
+# How a setting of each kind is configured: None (the default) means "not set here".
+_KINDS: dict[str, Callable[[str], TraitType]] = {
+    "text": lambda h: Unicode(None, allow_none=True, help=h),
+    "int": lambda h: Int(None, allow_none=True, help=h),
+    "float": lambda h: Float(None, allow_none=True, help=h),
+    "flag": lambda h: Bool(None, allow_none=True, help=h),
+    "text_or_int": lambda h: Union([Unicode(), Int()], default_value=None, allow_none=True, help=h),
+    "lines": lambda h: List(Unicode(), default_value=None, allow_none=True, help=h),
+    "ints": lambda h: List(Int(), default_value=None, allow_none=True, help=h),
+    "mapping": lambda h: Dict(value_trait=Unicode(), default_value=None, allow_none=True, help=h),
+}
 
 
-def _int(help: str) -> Int:
-    return Int(None, allow_none=True, help=help).tag(config=True)
+def _trait(kind: str, help: str) -> TraitType:
+    return _KINDS[kind](help).tag(config=True)
 
 
-def _float(help: str) -> Float:
-    return Float(None, allow_none=True, help=help).tag(config=True)
+def _valid_spec_setting(self: Configurable, proposal: Any) -> Any:
+    name, value = proposal["trait"].name, proposal["value"]
+    if value is not None:
+        try:
+            _SPEC_FIELDS[name].metadata["check"](name, value)
+        except SpecError as exc:
+            raise TraitError(str(exc)) from None
+    return value
 
 
-def _text_or_int(help: str) -> Union:
-    return Union([Unicode(), Int()], default_value=None, allow_none=True, help=help).tag(
-        config=True
-    )
+# The ClusterSpec fields a site or user may preset, one trait each, made from the field's own
+# declaration in spec.py (its kind, help and check): a setting is declared once.
+_ClusterSettings: Any = MetaHasTraits(
+    "_ClusterSettings",
+    (Configurable,),
+    {
+        "__module__": __name__,
+        "__doc__": "The cluster settings of SlurmRay, derived from ClusterSpec's fields.",
+        "_valid_spec_setting": validate(*SPEC_SETTINGS)(_valid_spec_setting),
+        **{
+            name: _trait(_SPEC_FIELDS[name].metadata["kind"], _SPEC_FIELDS[name].metadata["help"])
+            for name in SPEC_SETTINGS
+        },
+    },
+)
 
 
-def _lines(help: str) -> List:
-    return List(Unicode(), default_value=None, allow_none=True, help=help).tag(config=True)
-
-
-class SlurmRay(Configurable):
+class SlurmRay(_ClusterSettings):
     """Site and user defaults of jupyter_slurm_ray (``%config SlurmRay.time = "2:00:00"``).
 
     Every setting defaults to None, meaning "not set here": ClusterSpec's own default applies
-    unless an environment variable, a profile or an argument sets it.
+    unless an environment variable, a profile or an argument sets it. The cluster settings
+    (partition, time, nodes, …) come from ClusterSpec's fields; these are the package's own.
     """
 
-    # -- what to ask Slurm for ------------------------------------------------------------
-    time = _text_or_int("Walltime of a cluster (Slurm format: 30, 1:00:00, 1-12:00:00).")
-    partition = _text("Slurm partition (sbatch --partition).")
-    account = _text("Slurm account to charge (sbatch --account).")
-    qos = _text("Slurm quality of service (sbatch --qos).")
-    reservation = _text("Slurm reservation (sbatch --reservation).")
-    constraint = _text("Node features (sbatch --constraint).")
-    nodes = _int("Number of nodes of a cluster.")
-    cpus_per_node = _int("CPUs per node given to Ray.")
-    gpus_per_node = _int("GPUs per node (sbatch --gpus-per-node).")
-    mem_per_node = _text_or_int("Memory per node: megabytes or a size like 16G.")
-    exclusive = Bool(None, allow_none=True, help="Whole nodes (sbatch --exclusive).").tag(
-        config=True
-    )
-    extra_sbatch = _lines("More sbatch long options, one per entry (--name=value).")
-    # -- how Ray starts -------------------------------------------------------------------
-    setup = _lines("Shell lines run before Ray starts (module load, conda activate, ...).")
-    python = _text("Python of the cluster side, with ray installed (same version as here).")
-    job_dir_root = _text("Where job directories are created on the cluster's filesystem.")
-    port_strategy = _text("'random' (a free block in port_range) or 'fixed' (fixed_port_base).")
-    port_range = List(
-        Int(), default_value=None, allow_none=True, help="Ports Ray may use: [low, high]."
-    ).tag(config=True)
-    fixed_port_base = _int("First port of the block when port_strategy is 'fixed'.")
-    worker_ports = _int("Worker ports per node.")
-    port_lock_dir = _text(
-        "Directory on the compute nodes where users coordinate port blocks (a site's shared, "
-        "root-owned sticky directory); unset: /tmp/jupyter-slurm-ray-ports when the site "
-        "provides it so, else a directory of your own."
-    )
-    network_interface = _text("Interface whose address Ray uses on each node (e.g. ib0).")
-    node_ip_address_command = _text("Shell command printing each node's address for Ray.")
-    ray_start_args = _lines("More `ray start` long options, one per entry.")
-    env = Dict(
-        value_trait=Unicode(),
-        default_value=None,
-        allow_none=True,
-        help="Extra environment of the Ray processes.",
-    ).tag(config=True)
-    object_store_memory = _text_or_int("Object store size per node: bytes or a size like 2G.")
-    idle_timeout = _float("Seconds without the owning kernel before the cluster stops itself.")
-    start_timeout = _float("Seconds Ray may take to start once the job runs.")
-    walltime_warning = _int("Seconds before the walltime at which the cluster is warned.")
     # -- this package ---------------------------------------------------------------------
-    default_profile = _text("Profile used when none is named.")
-    profiles_file = _text(
-        f"TOML file of profiles (default: <jupyter config dir>/{PROFILES_FILENAME})."
+    default_profile = _trait("text", "Profile used when none is named.")
+    profiles_file = _trait(
+        "text", f"TOML file of profiles (default: <jupyter config dir>/{PROFILES_FILENAME})."
     )
-    connect_timeout = _float("Seconds one Ray Client connect attempt may take (default 30).")
-    poll_interval = _float("Seconds between two Slurm status queries (default 1).")
-    submit_timeout = _float(
+    connect_timeout = _trait(
+        "float", "Seconds one Ray Client connect attempt may take (default 30)."
+    )
+    poll_interval = _trait("float", "Seconds between two Slurm status queries (default 1).")
+    submit_timeout = _trait(
+        "float",
         "Seconds sbatch may take (default 60); past it the job is looked up by its tag and "
-        "adopted if it was queued."
+        "adopted if it was queued.",
     )
-    record_retention_days = _float(
-        "Days an ended cluster's record is kept before it is forgotten (default 7)."
+    record_retention_days = _trait(
+        "float", "Days an ended cluster's record is kept before it is forgotten (default 7)."
     )
     # -- where Slurm runs -----------------------------------------------------------------
-    login_host = _text("Login node to reach over SSH; unset means Slurm runs on this machine.")
-    login_user = _text("User name on the login node.")
-    login_port = _int("SSH port of the login node.")
-    ssh_key = _text("Private key file for the login node.")
-    known_hosts = _text("known_hosts file that holds the login node's host key.")
-    command_prefix = _lines(
-        "Run Slurm commands through this argv prefix, e.g. a site wrapper or "
-        "['runuser', '-u', 'alice', '--'] (local Slurm only)."
+    login_host = _trait(
+        "text", "Login node to reach over SSH; unset means Slurm runs on this machine."
     )
-
-    @validate(*SPEC_SETTINGS)
-    def _valid_spec_setting(self, proposal: Any) -> Any:
-        name, value = proposal["trait"].name, proposal["value"]
-        if value is not None:
-            try:
-                _SPEC_FIELDS[name].metadata["check"](name, value)
-            except SpecError as exc:
-                raise TraitError(str(exc)) from None
-        return value
+    login_user = _trait("text", "User name on the login node.")
+    login_port = _trait("int", "SSH port of the login node.")
+    ssh_key = _trait("text", "Private key file for the login node.")
+    known_hosts = _trait("text", "known_hosts file that holds the login node's host key.")
+    command_prefix = _trait(
+        "lines",
+        "Run Slurm commands through this argv prefix, e.g. a site wrapper or "
+        "['runuser', '-u', 'alice', '--'] (local Slurm only).",
+    )
 
 
 # ----------------------------------------------------------------------------- env overrides
 
-_FLOATS = frozenset({"connect_timeout", "poll_interval", "submit_timeout", "record_retention_days"})
-_INTS = frozenset({"login_port"})
+# The package's own numeric settings are parsed here; ClusterSpec's checks parse the others.
+_OWN_TRAITS = {
+    name: trait
+    for name, trait in SlurmRay.class_traits(config=True).items()
+    if name not in SPEC_SETTINGS
+}
+_FLOATS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Float))
+_INTS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Int))
 _ARGV_LISTS = frozenset({"command_prefix", "extra_sbatch", "ray_start_args"})
 
 

@@ -108,7 +108,7 @@ def set_client_environment(token_path: str, timeout: float) -> None:
     os.environ["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = seconds
     # A cluster that is gone should fail Ray calls soon, not after Ray's default 30 s.
     os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", "15")
-    worker = sys.modules.get("ray.util.client.worker")
+    worker: Any = sys.modules.get("ray.util.client.worker")
     if worker is not None:  # already imported: its constants were read at import time
         worker.MAX_TIMEOUT_SEC = int(seconds)
     _reload_ray_auth_settings()
@@ -116,7 +116,10 @@ def set_client_environment(token_path: str, timeout: float) -> None:
 
 def _reload_ray_auth_settings() -> None:
     """Ray caches the auth mode and the token once read: make it see this cluster's."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled, no stubs for these
+        AuthenticationTokenLoader,
+        Config,
+    )
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()

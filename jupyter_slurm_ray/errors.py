@@ -73,8 +73,24 @@ class ClusterTimeout(SlurmRayError, TimeoutError):
 
 
 class NotFound(SlurmRayError):
-    """No cluster of that name or id in the registry."""
+    """No cluster of that name or id in the registry (the API and the proxy answer 404)."""
 
 
 class Conflict(SlurmRayError):
     """The request does not fit the cluster's state (e.g. forgetting an active cluster)."""
+
+
+class SubmitOutcomeUnknown(SlurmRayError):
+    """sbatch gave no answer and Slurm could not be asked whether the job exists."""
+
+
+class DashboardUnavailable(SlurmRayError):
+    """The cluster exists but its dashboard cannot be reached now (the proxy answers 503)."""
+
+
+class ArgumentError(SlurmRayError):
+    """The magic's line is not valid; the message is one line for the user."""
+
+
+class HelpRequested(Exception):
+    """``--help`` was given; the message is the help text."""

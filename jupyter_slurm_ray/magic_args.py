@@ -8,8 +8,13 @@ carrying the help text.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from typing import Any, NoReturn
+
+from .commands import NAME_HELP, add_arguments
+from .errors import ArgumentError, HelpRequested
+from .spec import ClusterSpec
 
 __all__ = [
     "SUBCOMMANDS",
@@ -19,14 +24,6 @@ __all__ = [
     "setup_lines",
     "spec_arguments",
 ]
-
-
-class ArgumentError(Exception):
-    """The magic's line is not valid; the message is one line for the user."""
-
-
-class HelpRequested(Exception):
-    """``--help`` was given; the message is the help text."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,27 +37,30 @@ class _Parser(argparse.ArgumentParser):
         raise HelpRequested(self.format_help())
 
 
-# Options of `up`, `script` and `config` that set cluster settings: (flags, field, help).
-_SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("-N", "--nodes"), "nodes", "number of nodes"),
-    (("-p", "--partition"), "partition", "Slurm partition"),
-    (("-t", "--time"), "time", "walltime: 30, 1:00:00, 1-12:00:00 (required somewhere)"),
-    (("-A", "--account"), "account", "account to charge"),
-    (("-q", "--qos"), "qos", "quality of service"),
-    (("-c", "--cpus-per-node"), "cpus_per_node", "CPUs per node for Ray"),
-    (("--mem",), "mem_per_node", "memory per node: megabytes or 16G"),
-    (("-G", "--gpus-per-node"), "gpus_per_node", "GPUs per node"),
-    (("-C", "--constraint"), "constraint", "node features"),
-    (("--reservation",), "reservation", "Slurm reservation"),
-    (("--python",), "python", "the cluster side's Python (with ray installed)"),
+# Options of `up`, `script` and `config` that set cluster settings: (flags, field); the help
+# text is the field's own (spec.py).
+_SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("-N", "--nodes"), "nodes"),
+    (("-p", "--partition"), "partition"),
+    (("-t", "--time"), "time"),
+    (("-A", "--account"), "account"),
+    (("-q", "--qos"), "qos"),
+    (("-c", "--cpus-per-node"), "cpus_per_node"),
+    (("--mem",), "mem_per_node"),
+    (("-G", "--gpus-per-node"), "gpus_per_node"),
+    (("-C", "--constraint"), "constraint"),
+    (("--reservation",), "reservation"),
+    (("--python",), "python"),
 )
+_HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(ClusterSpec)}
 
 
 def _add_spec_options(parser: argparse.ArgumentParser) -> None:
-    for flags, field, help in _SPEC_OPTIONS:
-        parser.add_argument(*flags, dest=field, metavar=field.split("_")[0].upper(), help=help)
+    for flags, field in _SPEC_OPTIONS:
+        metavar = field.split("_")[0].upper()
+        parser.add_argument(*flags, dest=field, metavar=metavar, help=_HELP[field])
     parser.add_argument(
-        "--exclusive", action="store_const", const=True, default=None, help="whole nodes"
+        "--exclusive", action="store_const", const=True, default=None, help=_HELP["exclusive"]
     )
     parser.add_argument(
         "--setup",
@@ -69,13 +69,13 @@ def _add_spec_options(parser: argparse.ArgumentParser) -> None:
         help="a shell line run before Ray starts, after the configured ones (repeatable; "
         "%%%%slurm_ray up takes them from the cell body)",
     )
-    parser.add_argument("--name", help="the cluster's name (default: ray)")
+    parser.add_argument("--name", help=_HELP["name"])
     parser.add_argument("--profile", help="a profile from the profiles file")
 
 
 def spec_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The cluster settings given on the line (None for those not given)."""
-    arguments = {field: getattr(args, field) for _, field, _ in _SPEC_OPTIONS}
+    arguments = {field: getattr(args, field) for _, field in _SPEC_OPTIONS}
     arguments["exclusive"] = args.exclusive
     arguments["name"] = args.name
     return arguments
@@ -114,8 +114,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     up.add_argument("--queue-timeout", type=float, metavar="S", help="give up after S s queued")
 
     down = add("down", "Stop a cluster (disconnect, cancel the job, wait until it ended).")
-    down.add_argument("name", nargs="?", help=_NAME_HELP)
-    down.add_argument("--all", action="store_true", help="every active cluster of the registry")
+    add_arguments("down", down, _NAME_HELP)
 
     for name, help in (
         ("status", "Show a cluster's state, asking Slurm now."),
@@ -128,14 +127,10 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     add("list", "Every cluster in the registry (all kernels), with Slurm's view of its job.")
     add("panel", "Open the cluster panel (form, buttons, live status, log tail).")
 
-    logs = add("logs", "Show the job's output, or one node's Ray log.")
-    logs.add_argument("name", nargs="?", help=_NAME_HELP)
-    logs.add_argument("--node", metavar="HOST", help="a node's Ray log instead of the job output")
-    logs.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines (100)")
+    add_arguments("logs", add("logs", "Show the job's output, or one node's Ray log."), _NAME_HELP)
 
     forget = add("forget", "Delete the record of an ended cluster (its job dir stays).")
-    forget.add_argument("name", nargs="?", help="a cluster name, id or Slurm job id")
-    forget.add_argument("--ended", action="store_true", help="every ended cluster")
+    add_arguments("forget", forget, NAME_HELP)
 
     attach = add("attach", "Adopt a running cluster (e.g. after a kernel restart) and connect.")
     attach.add_argument("name", help="a cluster name, id or Slurm job id from the registry")

@@ -165,13 +165,17 @@ def _check_field(name: str, value: Any) -> None:
         raise RegistryError(f"the id {value!r} is not {CLUSTER_ID_ALLOWED}")
     if name == "state" and value not in RECORD_STATES:
         raise RegistryError(f"unknown state {value!r}")
-    if name == "job_id" and value is not None and not value.isdigit():
+    if name == "job_id" and isinstance(value, str) and not value.isdigit():
         raise RegistryError(f"the job id {value!r} is not a Slurm job id")
-    if name == "nodes_lost" and not all(isinstance(host, str) for host in value):
+    if isinstance(value, list) and not all(isinstance(host, str) for host in value):
         raise RegistryError("the field 'nodes_lost' is not a list of host names")
-    if name == "forwards" and not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in value.items()
+    if (
+        isinstance(value, dict)
+        and name == "forwards"
+        and not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            for k, v in value.items()
+        )
     ):
         raise RegistryError("the field 'forwards' is not a mapping of names to ports")
 

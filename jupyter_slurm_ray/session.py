@@ -1,4 +1,4 @@
-"""This kernel's clusters: the current one, those it started or attached, and reused transports."""
+"""This kernel's clusters: the current one, those it started or attached, and its transports."""
 
 from __future__ import annotations
 

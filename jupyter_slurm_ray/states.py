@@ -115,6 +115,21 @@ def status_of_record(record: Any) -> Status:
     )
 
 
+def record_fields(status: Status) -> dict[str, Any]:
+    """The fields of a registry record that keep ``status`` (the inverse of the above)."""
+    return {
+        "job_id": status.job_id,
+        "state": status.state.value,
+        "reason": status.reason,
+        "phase": status.phase,
+        "nodes_joined": status.nodes_joined,
+        "nodes_lost": list(status.nodes_lost),
+        "time_limit": status.time_limit,
+        "time_left": status.time_left,
+        "slurm_unreachable_since": status.slurm_unreachable_since,
+    }
+
+
 @dataclass
 class EventSummary:
     """What the bootstrap's events.jsonl says so far."""

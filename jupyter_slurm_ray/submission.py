@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import logging
 
-from .errors import SlurmError, SlurmRayError, TransportError
+from .errors import SlurmError, SlurmRayError, SubmitOutcomeUnknown, TransportError
 from .slurm import SlurmClient
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SubmitOutcomeUnknown", "submit_or_adopt"]
-
-
-class SubmitOutcomeUnknown(SlurmRayError):
-    """sbatch gave no answer and Slurm could not be asked whether the job exists."""
 
 
 async def submit_or_adopt(

@@ -74,9 +74,9 @@ class Forward:
     direct: bool = False
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     @property
     def is_open(self) -> bool:
@@ -96,7 +96,6 @@ class Transport(ABC):
     def __init__(self) -> None:
         self._home: str | None = None
 
-    @abstractmethod
     async def run(
         self,
         argv: Sequence[str],
@@ -105,7 +104,14 @@ class Transport(ABC):
         timeout: float = DEFAULT_TIMEOUT,
         check: bool = True,
     ) -> CommandResult:
-        """Run ``argv``; raise CommandError on non-zero exit when ``check``."""
+        """Run ``argv`` (``input`` on its stdin); CommandError on a non-zero exit when
+        ``check``; TransportError when it cannot run or does not finish within ``timeout``."""
+        result = await self._execute(list(argv), input, timeout)
+        return result.check() if check else result
+
+    @abstractmethod
+    async def _execute(self, argv: list[str], input: str | None, timeout: float) -> CommandResult:
+        """Run ``argv`` to its end, whatever its exit status (see :meth:`run`)."""
 
     @abstractmethod
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
@@ -183,14 +189,7 @@ class LocalTransport(Transport):
         self.command_prefix = tuple(command_prefix)
         self.target = "local" + (f" ({shlex.join(self.command_prefix)})" if command_prefix else "")
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        input: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        check: bool = True,
-    ) -> CommandResult:
+    async def _execute(self, argv: list[str], input: str | None, timeout: float) -> CommandResult:
         full = [*self.command_prefix, *argv]
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -213,8 +212,7 @@ class LocalTransport(Transport):
         except asyncio.CancelledError:
             _kill_group(proc.pid)
             raise
-        result = CommandResult(tuple(argv), proc.returncode or 0, _text(out), _text(err))
-        return result.check() if check else result
+        return CommandResult(tuple(argv), proc.returncode or 0, _text(out), _text(err))
 
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         # On the login node the cluster network is reachable directly.
@@ -346,14 +344,7 @@ class SSHTransport(Transport):
         self.connects += 1
         return conn
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        input: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        check: bool = True,
-    ) -> CommandResult:
+    async def _execute(self, argv: list[str], input: str | None, timeout: float) -> CommandResult:
         import asyncssh
 
         command = shlex.join(argv)
@@ -369,11 +360,11 @@ class SSHTransport(Transport):
                 if attempt == 2:
                     raise TransportError(f"{self.target}: {exc}") from None
                 continue
-            return await self._finish(proc, argv, input, timeout, check)
+            return await self._finish(proc, argv, input, timeout)
         raise AssertionError("unreachable")
 
     async def _finish(
-        self, proc: Any, argv: Sequence[str], input: str | None, timeout: float, check: bool
+        self, proc: Any, argv: list[str], input: str | None, timeout: float
     ) -> CommandResult:
         import asyncssh
 
@@ -394,10 +385,9 @@ class SSHTransport(Transport):
         returncode = completed.exit_status
         if returncode is None or returncode < 0:  # killed by a signal on the remote side
             returncode = 255
-        result = CommandResult(
+        return CommandResult(
             tuple(argv), returncode, str(completed.stdout or ""), str(completed.stderr or "")
         )
-        return result.check() if check else result
 
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         """A local listener whose connections are tunnelled to ``remote_host:remote_port``.

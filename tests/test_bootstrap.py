@@ -1,21 +1,17 @@
-"""The bootstrap directory: pure helpers here, then real Ray clusters on the Slurm testbed as alice.
+"""The bootstrap directory on real Ray clusters on the Slurm testbed, as alice (its pure helpers
+are tested in tests/fast/test_bootstrap_*.py).
 
-The cluster tests submit their own small sbatch scripts (tests/bootstrap_helpers.py) and judge
+The cluster tests submit their own small sbatch scripts (tests/helpers/bootstrap.py) and judge
 only what a client can see: events.jsonl, connection.json, squeue, /proc, and a Ray Client
 session in a subprocess.
 """
 
 from __future__ import annotations
 
-import ast
-import itertools
-import json
 import os
 import signal
 import socket
 import subprocess
-import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -25,19 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.shipping import bootstrap_files
-
-from .bootstrap_helpers import (
-    BOOTSTRAP_DIR,
+from .helpers.bootstrap import (
     DEFAULT_SETUP,
     JobDir,
     assert_cleaned_up,
-    bootstrap_module,
     cancel_and_check_cleanup,
     cancel_leftovers,
     claims,
     in_node,
-    job_state,
     log,
     processes_matching,
     python_listener,
@@ -45,246 +36,7 @@ from .bootstrap_helpers import (
     scancel,
     wait_until_gone,
 )
-
-# the job's Python imports them top-level, from the shipped directory
-jsr_base = bootstrap_module("jsr_base")
-jsr_events = bootstrap_module("jsr_events")
-portblock = bootstrap_module("portblock")
-nodeaddr = bootstrap_module("nodeaddr")
-rayargs = bootstrap_module("rayargs")
-dashapi = bootstrap_module("dashapi")
-workerstep = bootstrap_module("workerstep")
-BootstrapError, Config = jsr_base.BootstrapError, jsr_base.Config
-
-# ------------------------------------------------------------------------ pure helpers
-
-CLAIMER = """
-import json, random, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import portblock
-blocks = [
-    portblock.claim_port_block(
-        27, strategy="random", port_range=(20000, 24000), fixed_base=None,
-        lock_dir=Path(sys.argv[2]), job=sys.argv[3],
-    )
-    for _ in range(15)
-]
-print(json.dumps([b.start for b in blocks]), flush=True)
-sys.stdin.read()  # hold the claims until the test closes stdin
-"""
-
-
-def test_concurrent_claims_get_disjoint_blocks(tmp_path: Path) -> None:
-    lock_dir = tmp_path / "locks"
-    lock_dir.mkdir()
-    module_dir = str(BOOTSTRAP_DIR)
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLAIMER, module_dir, str(lock_dir), f"job{i}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        starts = [json.loads(child.stdout.readline()) for child in children]  # type: ignore[union-attr]
-        blocks = sorted(start for found in starts for start in found)
-        assert len(blocks) == 30
-        assert all(b - a >= 27 for a, b in itertools.pairwise(blocks)), blocks
-        low, _high = portblock.ephemeral_port_range()
-        assert blocks[-1] + 27 <= low
-        assert len(claims(str(lock_dir))) == 30
-    finally:
-        for child in children:
-            child.communicate("", timeout=10)
-    # the claimers are gone: their claims are stale, and the next claim removes them
-    block = portblock.claim_port_block(
-        27, strategy="random", port_range=(20000, 24000), fixed_base=None,
-        lock_dir=lock_dir, job="next",
-    )  # fmt: skip
-    assert [c["job_id"] for c in claims(str(lock_dir))] == ["next"]
-    block.release()
-    assert claims(str(lock_dir)) == []
-
-
-def test_configured_lock_dir_gets_a_lock_and_claims_others_can_read(tmp_path: Path) -> None:
-    lock_dir = tmp_path / "locks"
-    lock_dir.mkdir()
-    old = os.umask(0o077)
-    try:
-        block = portblock.claim_port_block(
-            12, strategy="random", port_range=(21000, 22000), fixed_base=None,
-            lock_dir=lock_dir, job="j",
-        )  # fmt: skip
-    finally:
-        os.umask(old)
-    assert oct((lock_dir / "lock").stat().st_mode & 0o777) == oct(0o644)
-    assert block.claim_file is not None and block.claim_file.parent == lock_dir
-    assert oct(block.claim_file.stat().st_mode & 0o777) == oct(0o644)
-    assert (
-        block.ports["gcs"] == block.start and block.ports["dashboard_metrics"] == block.start + 10
-    )
-    assert block.ports["min_worker"] == block.ports["max_worker"] == block.start + 11
-    block.release()
-    assert not list(lock_dir.glob("*.claim"))
-
-
-def test_fixed_block_names_the_busy_port(tmp_path: Path) -> None:
-    with socket.socket() as listener:
-        listener.bind(("", 0))
-        listener.listen()
-        busy = listener.getsockname()[1]
-        with pytest.raises(
-            BootstrapError, match=rf"port {busy} \(object_manager\) is already in use"
-        ):
-            portblock.claim_port_block(
-                20, strategy="fixed", port_range=(0, 0), fixed_base=busy - 2,
-                lock_dir=tmp_path, job="j",
-            )  # fmt: skip
-    first = portblock.claim_port_block(
-        20, strategy="fixed", port_range=(0, 0), fixed_base=busy, lock_dir=tmp_path, job="one"
-    )
-    with pytest.raises(BootstrapError, match="claimed by job one"):
-        portblock.claim_port_block(
-            20, strategy="fixed", port_range=(0, 0), fixed_base=busy + 5,
-            lock_dir=tmp_path, job="two",
-        )  # fmt: skip
-    first.release()
-
-
-def test_no_block_outside_the_ephemeral_range(tmp_path: Path) -> None:
-    low, high = portblock.ephemeral_port_range()
-    with pytest.raises(BootstrapError, match="no free block of 20 consecutive ports"):
-        portblock.claim_port_block(
-            20, strategy="random", port_range=(low, high), fixed_base=None,
-            lock_dir=tmp_path, job="j",
-        )  # fmt: skip
-
-
-def test_address_parsing() -> None:
-    ip_output = textwrap.dedent("""\
-        1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever
-        2: eth0    inet 10.200.0.12/24 brd 10.200.0.255 scope global eth0\\       valid_lft
-        3: ib0    inet 192.168.7.4/16 scope global ib0
-        """)
-    assert nodeaddr.ipv4_addresses(ip_output) == ["10.200.0.12", "192.168.7.4"]
-    config = "SlurmctldAddr           = (null)\nSlurmctldHost[0]        = vm(10.200.0.1)\n"
-    assert nodeaddr.slurmctld_host(config) == "10.200.0.1"
-    assert nodeaddr.slurmctld_host("SlurmctldHost[0] = ctl1\n") == "ctl1"
-    assert nodeaddr.slurmctld_host("SlurmctldAddr = 10.9.9.9\nSlurmctldHost[0] = a(b)\n") == (
-        "10.9.9.9"
-    )
-    assert nodeaddr.slurmctld_host("") is None
-    assert nodeaddr.route_source_address("127.0.0.1") == "127.0.0.1"
-    assert not nodeaddr.usable_address("127.0.1.1")
-
-
-def test_node_address_sources() -> None:
-    command = Config(cluster_id="c", node_ip_address_command="echo 10.1.2.3 second-word")
-    assert nodeaddr.node_address(command, toward=None) == "10.1.2.3"
-    loopback = Config(cluster_id="c", node_ip_address_command="echo 127.0.1.1")
-    with pytest.raises(BootstrapError, match="no usable address"):
-        nodeaddr.node_address(loopback, None)
-    with pytest.raises(BootstrapError, match="network_interface nosuchif0"):
-        nodeaddr.node_address(Config(cluster_id="c", network_interface="nosuchif0"), None)
-
-
-def test_allocation_sizing() -> None:
-    assert rayargs.allocated_cpus({"SLURM_CPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "2"}) == 4
-    assert rayargs.allocated_cpus({"SLURM_CPUS_PER_TASK": "2"}) == 2
-    assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
-    assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
-    assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}) == 0
-    assert rayargs.visible_gpus({}) == 0
-    assert workerstep.worker_step_cpus({"SLURM_JOB_CPUS_PER_NODE": "2(x3)"}) == 2
-    assert workerstep.worker_step_cpus({"SLURM_JOB_CPUS_PER_NODE": "8,4(x2),6"}) == 4
-    assert workerstep.worker_step_cpus({}) is None
-    mib = 1024 * 1024
-    assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_NODE": "1000"}, 2) == 300 * mib
-    assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_CPU": "100"}, 2) == 80 * mib
-    assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_NODE": "100000"}, 2) == 2048 * mib
-    assert rayargs.object_store_bytes(123456789, {}, 2) == 123456789
-
-
-def test_temp_dir_is_short_and_private() -> None:
-    path = rayargs.node_temp_dir("4294967295", "a-very-long-compute-node-name-0001")
-    try:
-        assert len(str(path)) <= rayargs.MAX_TEMP_DIR
-        assert path.parent == Path(f"/tmp/jsr-{os.getuid()}")
-        assert path.parent.stat().st_mode & 0o777 == 0o700  # Ray makes `path` itself 0777
-    finally:
-        path.rmdir()
-
-
-def test_ray_interpreter_from_shebang(tmp_path: Path) -> None:
-    script = tmp_path / "ray"
-    script.write_text("#!/opt/venv/bin/python3\nimport sys\n")
-    assert rayargs.ray_interpreter(str(script)) == "/opt/venv/bin/python3"
-    script.write_text("#!/bin/sh\n'''exec' /very/long/venv/bin/python3 \"$0\" \"$@\"\n' '''\n")
-    assert rayargs.ray_interpreter(str(script)) == "/very/long/venv/bin/python3"
-    script.write_text("#!/usr/bin/env python3\n")
-    assert rayargs.ray_interpreter(str(script)) == __import__("shutil").which("python3")
-    assert rayargs.ray_versions(str(Path(sys.executable).parent / "ray"))[0] == "2.60.0"
-
-
-def test_node_rows_from_the_state_api() -> None:
-    rows = [
-        {"node_ip": "10.0.0.2", "state": "ALIVE", "resources_total": {"slurm_ray_node": 1}},
-        {"node_ip": "10.0.0.1", "state": "ALIVE", "resources_total": {"slurm_ray_node": 1}},
-        {"node_ip": "10.0.0.3", "state": "DEAD", "resources_total": {"slurm_ray_node": 1}},
-        {"node_ip": "10.0.0.4", "state": "ALIVE", "resources_total": {"CPU": 1}},
-    ]
-    payload = {"result": True, "msg": "", "data": {"result": {"total": 4, "result": rows}}}
-    assert dashapi.alive_slurm_nodes(dashapi.node_rows(payload)) == ["10.0.0.1", "10.0.0.2"]
-    assert dashapi.node_rows({"data": None}) == []
-
-
-def test_lease_watch_judges_content_changes(tmp_path: Path, monkeypatch) -> None:
-    clock = [1000.0]
-    monkeypatch.setattr(jsr_events.time, "monotonic", lambda: clock[0])
-    (tmp_path / "lease").write_text("1")
-    watch = jsr_events.LeaseWatch(tmp_path, idle_timeout=10)
-    clock[0] += 9
-    assert not watch.stale()
-    (tmp_path / "lease").write_text("2")  # a change restarts the clock
-    clock[0] += 9
-    assert not watch.stale()  # seen at 1018
-    clock[0] += 9
-    assert not watch.stale()
-    clock[0] += 2
-    assert watch.stale()  # unchanged since 1018 for 11 s
-    (tmp_path / "detached").touch()
-    clock[0] += 20
-    assert not watch.stale()
-
-
-def test_help() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BOOTSTRAP_DIR), "--help"], capture_output=True, text=True, check=True
-    )
-    assert "head" in done.stdout and "worker" in done.stdout and "events.jsonl" in done.stdout
-
-
-def test_shipped_modules_are_stdlib_only_and_shadow_nothing() -> None:
-    files = bootstrap_files()
-    assert "__main__.py" in files and set(files) == {p.name for p in BOOTSTRAP_DIR.glob("*.py")}
-    ours = {name.removesuffix(".py") for name in files}
-    assert not ours & sys.stdlib_module_names  # the directory comes first on sys.path
-    for name, text in files.items():
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Import):
-                tops = [alias.name.split(".")[0] for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                assert node.level == 0, f"{name}: a relative import fails in `python DIR`"
-                tops = [(node.module or "").split(".")[0]]
-            else:
-                continue
-            assert all(top in ours or top in sys.stdlib_module_names for top in tops), (name, tops)
-
-
-# ------------------------------------------------------------ real clusters on the testbed
+from .helpers.jobs import queue_state
 
 
 @pytest.fixture
@@ -354,7 +106,7 @@ def test_three_node_cluster(jobs: list[JobDir]) -> None:
     scancel(job.job_id, options=("--signal=USR1", "--batch"))
     job.wait_for_event(lambda e: e["event"] == "walltime_warning", 10)
     time.sleep(1)
-    assert job_state(job.job_id) == "RUNNING"
+    assert queue_state(job.job_id) == "RUNNING"
     assert not [e for e in job.events() if e["event"] in ("stopping", "stopped")]
 
     log(f"3 nodes: scancel -> clean {cancel_and_check_cleanup(job):.1f} s")
@@ -418,7 +170,7 @@ def test_stale_lease_stops_the_cluster_unless_detached(jobs: list[JobDir]) -> No
     assert_cleaned_up(owned)
 
     time.sleep(max(0.0, detached_ready + 12 - time.monotonic()))
-    assert job_state(detached.job_id) == "RUNNING"
+    assert queue_state(detached.job_id) == "RUNNING"
     assert not [e for e in detached.events() if e["event"] in ("lease_stale", "stopping")]
     cancel_and_check_cleanup(detached)
 
@@ -520,7 +272,7 @@ def test_each_lost_worker_and_a_dead_head_are_reported(jobs: list[JobDir]) -> No
         nodes = job.wait_for_event(nodes_event(joined=3 - left, after=lost["t"] - 1), 45)
         assert (nodes["joined"], nodes["wanted"], nodes["hosts"]) == (3 - left, 3, alive)
     assert len([e for e in job.events() if e["event"] == "node_lost"]) == 2
-    assert job_state(job.job_id) == "RUNNING"
+    assert queue_state(job.job_id) == "RUNNING"
 
     for pid in pids_of(head["temp_dir"], "gcs_server"):
         os.kill(pid, signal.SIGKILL)

@@ -1,65 +1,56 @@
 """The bootstrap when things go wrong: a gone owner, an unsafe job dir, a hostile second user on
 the node (lock dir, lock, claims, ports), a port taken between the probe and `ray start`.
 
-Pure checks first (run as root in the login namespace), then real jobs on the testbed as alice
-with bob as the other user of the node.
+Checks that need root and a second user first (run as root in the login namespace), then real
+jobs on the testbed as alice with bob as the other user of the node. The checks that need
+neither are in tests/fast/test_bootstrap_*.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .bootstrap_helpers import (
+from .helpers.bootstrap import (
     JOBS_ROOT,
     NODE_NETNS,
     JobDir,
-    as_user,
     bootstrap_module,
     cancel_and_check_cleanup,
     cancel_leftovers,
     claims,
-    job_state,
     lease_json,
     log,
+    run_as_user,
     user_uid,
     wait_until_gone,
     write_as_user,
 )
-from .clusters import processes_of
+from .helpers.clusters import processes_of
+from .helpers.jobs import queue_state
 
-jsr_events = bootstrap_module("jsr_events")
 trust = bootstrap_module("trust")
 portlock = bootstrap_module("portlock")
 portblock = bootstrap_module("portblock")
-portconflict = bootstrap_module("portconflict")
-nodewatch = bootstrap_module("nodewatch")
-workerstep = bootstrap_module("workerstep")
 
 SHARED = Path("/tmp/jupyter-slurm-ray-ports")
 BOB = "bob"
 NODE3_IP = "10.200.0.13"
 
 
-def uid_of(user: str) -> int:
-    return pwd.getpwnam(user).pw_uid
-
-
-# ------------------------------------------------------------------ pure checks
+# ------------------------------------------------------- checks as root, with bob
 
 
 def test_job_dir_must_be_changeable_only_by_its_user_or_root(tmp_path: Path) -> None:
-    bob = uid_of(BOB)
+    bob = user_uid(BOB)
     job = tmp_path / "parent" / "job"
     job.mkdir(parents=True)
     assert trust.path_problem(job, 0) is None
@@ -77,92 +68,6 @@ def test_job_dir_must_be_changeable_only_by_its_user_or_root(tmp_path: Path) -> 
     assert trust.path_problem(job, 0) == f"{job} is writable by others (mode 0707)"
 
 
-def write_lease(path: Path, text: str) -> None:
-    (path / "lease").write_text(text)
-
-
-def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path) -> None:
-    never = lambda: False  # noqa: E731
-    write_lease(tmp_path, lease_json(time.time() - 5))
-    started = time.monotonic()
-    assert jsr_events.owner_gone(tmp_path, 60, never) is None
-    assert time.monotonic() - started < 0.1  # fresh: no waiting
-
-    write_lease(tmp_path, lease_json(time.time() - 3 * 3600 - 5, renew_every=0.2))
-    started = time.monotonic()
-    gone = jsr_events.owner_gone(tmp_path, 60, never)
-    assert 3.3 <= time.monotonic() - started < 4.5  # 2 * renew_every + 3
-    assert gone["reason"] == (
-        "the owner's lease was last renewed 3:00:05 ago (idle_timeout 60 s): "
-        "the owner is gone, Ray was not started"
-    )
-    assert 3 * 3600 < gone["lease_age"] < 3 * 3600 + 7
-
-    write_lease(tmp_path, "4242 17\n")  # the old format has no time: only a change tells
-    gone = jsr_events.owner_gone(tmp_path, 1.0, never)
-    assert gone["lease_age"] is None and "has no renewal time" in gone["reason"]
-    (tmp_path / "lease").unlink()
-    assert "is missing" in jsr_events.owner_gone(tmp_path, 1.0, never)["reason"]
-
-    write_lease(tmp_path, "4242 17\n")
-    renewer = threading.Timer(0.5, write_lease, (tmp_path, "4242 18\n"))
-    renewer.start()
-    assert jsr_events.owner_gone(tmp_path, 2.0, never) is None  # it changed: alive
-    renewer.join()
-    assert jsr_events.owner_gone(tmp_path, 1.0, lambda: True) is None  # scancel meanwhile
-    assert jsr_events.owner_gone(tmp_path, 0, never) is None  # no idle_timeout
-    (tmp_path / "detached").touch()
-    assert jsr_events.owner_gone(tmp_path, 1.0, never) is None
-
-
-HOLDER = """
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.read()
-"""
-
-
-def test_port_lock_is_never_fatal_nor_endless(tmp_path: Path) -> None:
-    reasons: list[str] = []
-    os.mkfifo(tmp_path / "lock")  # a FIFO: opening it must not wait for a writer
-    started = time.monotonic()
-    with portlock.port_lock(tmp_path, reasons.append, wait=5) as held:
-        assert not held
-    assert time.monotonic() - started < 1
-    assert (
-        reasons[-1]
-        == f"cannot open the port lock {tmp_path}/lock: {tmp_path}/lock is not a regular file"
-    )
-    (tmp_path / "lock").unlink()
-    (tmp_path / "lock").symlink_to("/etc/passwd")
-    with portlock.port_lock(tmp_path, reasons.append) as held:
-        assert not held
-    assert "Too many levels of symbolic links" in reasons[-1]
-    (tmp_path / "lock").unlink()
-
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path / "lock")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        started = time.monotonic()
-        with portlock.port_lock(tmp_path, reasons.append, wait=0.5) as held:
-            assert not held
-        assert 0.5 <= time.monotonic() - started < 1.5
-        assert reasons[-1] == (
-            f"the port lock {tmp_path}/lock stayed locked for 0.5 s by pid {holder.pid} "
-            "(uid 0); going on without it (every port is still probed)"
-        )
-    finally:
-        holder.communicate("", timeout=10)
-    with portlock.port_lock(tmp_path, reasons.append, wait=0.5) as held:
-        assert held
-    assert oct((tmp_path / "lock").stat().st_mode & 0o777) == oct(0o644)
-
-
 def plant(directory: Path, name: str, content: object, owner: int = 0) -> Path:
     path = directory / name
     path.write_text(content if isinstance(content, str) else json.dumps(content))
@@ -173,7 +78,7 @@ def plant(directory: Path, name: str, content: object, owner: int = 0) -> Path:
 @pytest.fixture
 def bob_sleeper() -> Iterator[int]:
     """A live process of bob's (setpriv execs, so its pid is the sleeper's)."""
-    bob = uid_of(BOB)
+    bob = user_uid(BOB)
     sleeper = subprocess.Popen(
         ["setpriv", f"--reuid={bob}", f"--regid={bob}", "--init-groups", "sleep", "60"]
     )
@@ -183,7 +88,7 @@ def bob_sleeper() -> Iterator[int]:
 
 
 def test_only_believable_claims_count(tmp_path: Path, bob_sleeper: int) -> None:
-    bob, me = uid_of(BOB), os.getpid()
+    bob, me = user_uid(BOB), os.getpid()
     claim = {"start": 21000, "size": 27, "job_id": "j", "pid": me, "uid": 0}
     plant(tmp_path, "mine.claim", claim)
     plant(tmp_path, "stale-mine.claim", {**claim, "pid": 2**22 + 1})
@@ -209,7 +114,7 @@ def test_only_believable_claims_count(tmp_path: Path, bob_sleeper: int) -> None:
 
 
 def test_other_users_claims_cannot_block_the_range(tmp_path: Path, bob_sleeper: int) -> None:
-    bob = uid_of(BOB)
+    bob = user_uid(BOB)
     everything = {"start": 21000, "size": 200, "job_id": "b", "pid": bob_sleeper, "uid": bob}
     plant(tmp_path, "bob.claim", everything, bob)
     block = portblock.claim_port_block(
@@ -247,7 +152,7 @@ def test_lock_dir_choice(tmp_path: Path, monkeypatch, private_lock_dir: Path) ->
     assert portlock.lock_dir_for(None, reasons.append) == private  # not sticky
     os.chmod(shared, 0o1777)
     assert portlock.lock_dir_for(None, reasons.append) == shared  # root's, sticky
-    os.chown(shared, uid_of(BOB), uid_of(BOB))
+    os.chown(shared, user_uid(BOB), user_uid(BOB))
     assert portlock.lock_dir_for(None, reasons.append) == private  # someone else's
     assert oct(private.stat().st_mode & 0o7777) == oct(0o700)
     assert reasons == []
@@ -257,84 +162,6 @@ def test_lock_dir_choice(tmp_path: Path, monkeypatch, private_lock_dir: Path) ->
         f"the configured lock_dir cannot be used: {tmp_path}/link is a symlink; using a private one"
     ]
     assert portlock.lock_dir_for(str(shared), reasons.append) == shared  # configured: as it is
-
-
-# What Ray 2.60 logs when a port of the block is held by another process (measured).
-RAY_260_LINES = {
-    "gcs_server.err": (0, "[2026-12-01 00:30:54,995 C 32756 32756] (gcs_server) grpc_server.cc:134:"
-    "  An unexpected system state has occurred. Check failed: server_ Failed to start the grpc "
-    "server. The specified port is {port}. This means that Ray's core components will not"),
-    "raylet.err": (1, "[2026-12-01 00:31:47,509 C 1345 1345] (raylet) grpc_server.cc:134: Check "
-    "failed: server_ Failed to start the grpc server. The specified port is {port}."),
-    "ray-head-node1.log": (4, "ValueError: Failed to bind to 10.200.0.13:{port} because it's "
-    "already occupied. You can use `ray start --dashboard-port ...`"),
-    "ray_client_server.err": (3, "RuntimeError: Failed to bind to address 10.200.0.13:{port}; set "
-    "GRPC_VERBOSITY=debug environment variable to see detailed error message."),
-    "dashboard_agent.log": (5, "OSError: [Errno 98] error while attempting to bind on address "
-    "('10.200.0.13', {port}): address already in use"),
-    "runtime_env_agent.err": (7, "OSError: [Errno 98] Address already in use"),
-    "monitor.log": (9, "OSError: [Errno 98] Address already in use"),
-    "dashboard.log": (10, "OSError: [Errno 98] Address already in use"),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("log_name", sorted(RAY_260_LINES))
-def test_a_taken_port_is_recognised_in_rays_logs(tmp_path: Path, log_name: str) -> None:
-    block = portblock.PortBlock(27100, 27)
-    ray_log, session = tmp_path / "ray-head-node1.log", tmp_path / "session"
-    session.mkdir()
-    ray_log.write_text("Failed to bind to 10.0.0.1:27104 because it's already occupied\n")
-    scan = portconflict.ConflictScan(block, ray_log, session)  # earlier attempts: not news
-    offset, line = RAY_260_LINES[log_name]
-    path = ray_log if log_name == ray_log.name else session / log_name
-    with open(path, "a") as handle:
-        handle.write("2026-12-01 00:33:03,523 INFO Starting Ray on port 27100\n")
-        assert scan.check() is None
-        handle.write(line.format(port=27100 + offset) + "\n")
-    conflict = scan.check()
-    assert conflict is not None
-    assert conflict.ports == [27100 + offset]
-    assert conflict.names == [portblock.port_name(offset)]
-    assert scan.check() is None  # read once
-
-
-def test_node_watch_reports_each_loss_and_rejoin() -> None:
-    events: list[tuple[str, dict]] = []
-    watch = nodewatch.NodeWatch(3, lambda event, **f: events.append((event, f)), lambda h: h)
-    watch.hosts = {"10.0.0.1": "node1", "10.0.0.2": "node2", "10.0.0.3": "node3"}
-    everyone = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
-    watch.note(everyone)
-    watch.check_lost(["10.0.0.1", "10.0.0.3"])
-    watch.check_lost(["10.0.0.1", "10.0.0.3"])  # no news
-    watch.check_lost(everyone)  # node2 back
-    watch.check_lost(["10.0.0.1", "10.0.0.2"])  # node3 lost
-    watch.check_lost(["10.0.0.1"])  # node2 lost again
-
-    def nodes(joined: int, hosts: list[str]) -> tuple[str, dict]:
-        return ("nodes", {"joined": joined, "wanted": 3, "hosts": hosts})
-
-    assert [e for e, _ in events] == [
-        "nodes", "nodes", "node_lost", "nodes", "nodes", "node_lost", "nodes", "node_lost",
-    ]  # fmt: skip
-    assert events[0] == nodes(3, ["node1", "node2", "node3"])
-    assert events[1] == nodes(2, ["node1", "node3"])
-    assert events[2] == (
-        "node_lost",
-        {
-            "reason": "1 node(s) left the cluster: node2", "hosts": ["node2"], "log": ["node2"],
-            "joined": 2, "wanted": 3,
-        },
-    )  # fmt: skip
-    assert events[3] == nodes(3, ["node1", "node2", "node3"])
-    assert events[5][1]["hosts"] == ["node3"] and events[5][1]["joined"] == 2
-    assert events[7][1]["hosts"] == ["node2"] and events[7][1]["joined"] == 1
-
-
-def test_worker_step_passes_the_whole_environment(tmp_path: Path) -> None:
-    env = {"SLURMD_NODENAME": "node1", "SLURM_JOB_CPUS_PER_NODE": "2(x3)"}
-    argv = workerstep.worker_step_argv("/usr/bin/srun", tmp_path, 2, env)
-    assert "--export=ALL" in argv and "--exclude=node1" in argv and "--cpus-per-task=2" in argv
-    assert argv[-3:] == [str(tmp_path / "bootstrap"), "worker", str(tmp_path)]
 
 
 # ------------------------------------------------------------ real jobs on the testbed
@@ -352,7 +179,7 @@ def wait_gone_watching(job: JobDir, timeout: float) -> list[int]:
     """Wait until the job left the queue; the cluster's processes seen meanwhile."""
     seen: set[int] = set()
     started = time.monotonic()
-    while job_state(job.job_id):
+    while queue_state(job.job_id):
         seen.update(processes_of(str(job.path)))
         assert time.monotonic() - started < timeout, job.diagnostics()
         time.sleep(0.2)
@@ -410,15 +237,15 @@ def test_a_job_dir_others_could_change_is_refused(
     jobs: list[JobDir], unsafe_parents: list[Path]
 ) -> None:
     group_writable = JOBS_ROOT / f"shared-{os.getpid()}"
-    as_user("sh", "-c", 'mkdir -p "$1" && chmod 0775 "$1"', "sh", str(group_writable))
+    run_as_user("sh", "-c", 'mkdir -p "$1" && chmod 0775 "$1"', "sh", str(group_writable))
     bobs = Path(f"/tmp/jsr-test-bob-{os.getpid()}")
     bobs.mkdir(mode=0o777)
     os.chmod(bobs, 0o777)
-    os.chown(bobs, uid_of(BOB), uid_of(BOB))
+    os.chown(bobs, user_uid(BOB), user_uid(BOB))
     unsafe_parents += [group_writable, bobs]
     cases = {
         group_writable: "is writable by group (mode 0775)",
-        bobs: f"belongs to uid {uid_of(BOB)}",
+        bobs: f"belongs to uid {user_uid(BOB)}",
     }
     for parent in cases:
         jobs.append(JobDir.create(nodes=2, parent=parent))
@@ -464,7 +291,7 @@ class Bob:
     """bob, on node3: a lock dir, a lock he holds, bogus claims, a port in alice's range."""
 
     def __init__(self, make_dir: bool, low: int, port: int) -> None:
-        bob = uid_of(BOB)
+        bob = user_uid(BOB)
         argv = [
             "nsenter", f"--net={NODE_NETNS.format(3)}",
             "setpriv", f"--reuid={bob}", f"--regid={bob}", "--init-groups",
@@ -517,7 +344,7 @@ def test_a_hostile_user_cannot_block_nor_hijack_the_ports(
     assert not [e for e in job.events() if e["event"] in ("port_lock_unavailable", "ports_retry")]
     mine = [c for c in claims() if c.get("job_id") == job.job_id]  # in alice's own lock dir
     assert [c["start"] for c in mine] == [connection["ports"]["gcs"]]
-    assert SHARED.stat().st_uid == uid_of(BOB)
+    assert SHARED.stat().st_uid == user_uid(BOB)
     assert not [p for p in SHARED.iterdir() if p.owner() == "alice"]  # alice wrote nothing there
     cancel_and_check_cleanup(job)
 
@@ -538,7 +365,7 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     hostile_node[0].leave()  # the clusters of other suites need not wait for it too
     assert unavailable["reason"] == (
         f"the port lock {SHARED}/lock stayed locked for 10 s by pid {hostile_node[0].process.pid} "
-        f"(uid {uid_of(BOB)}); going on without it (every port is still probed)"
+        f"(uid {user_uid(BOB)}); going on without it (every port is still probed)"
     )
     waited = unavailable["t"] - job.events()[0]["t"]
     log(f"held shared lock: waited {waited:.1f} s")

@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,12 +22,12 @@ from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .clusters import wait_for
-from .conftest import as_user
-from .helpers.jobs import submit_script
-from .site_helpers import USER, configured_site, job_fields
+from .helpers.jobs import last_state, submit_script
+from .helpers.site import configured_site
+from .helpers.testbed import USER, runuser
+from .helpers.waiting import wait_for
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.usefixtures("root_logging_kept")]
 
 HELD = ["--begin=now+600"]  # queued, never running during the test
 
@@ -42,7 +40,7 @@ def site(tmp_path_factory, testbed) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def transport(site) -> LocalTransport:
-    return LocalTransport(as_user(USER))
+    return LocalTransport(runuser(USER))
 
 
 def submit(transport: LocalTransport, *, held: bool = True, setup: tuple[str, ...] = ()):
@@ -79,23 +77,11 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def state_of(job_id: str) -> str:
-    return job_fields(job_id)["JobState"]
-
-
 @pytest.fixture
 def jobs() -> Iterator[list[str]]:
     submitted: list[str] = []
     yield submitted
     subprocess.run(["scancel", *submitted], check=False, capture_output=True)
-
-
-def test_the_command_is_reachable_as_jupyter_subcommand():
-    jupyter = Path(sys.executable).with_name("jupyter")
-    result = subprocess.run([jupyter, "slurm-ray", "--help"], capture_output=True, text=True)
-    assert result.returncode == 0
-    for command in ("list", "down", "logs", "gc"):
-        assert command in result.stdout
 
 
 def test_gc_cancels_orphans_whose_record_was_deleted_or_owner_is_gone(transport, jobs, capsys):
@@ -115,8 +101,8 @@ def test_gc_cancels_orphans_whose_record_was_deleted_or_owner_is_gone(transport,
     assert f"job {owner_gone[1]} (cluster {owner_gone[0]}): its owner (pid" in out
     assert f"cancelled job {no_record[1]}" in out and f"cancelled job {owner_gone[1]}" in out
     assert f"job {owned[1]} " not in out and f"job {detached[1]} " not in out
-    assert state_of(no_record[1]) == "CANCELLED" and state_of(owner_gone[1]) == "CANCELLED"
-    assert state_of(owned[1]) == "PENDING" and state_of(detached[1]) == "PENDING"
+    assert last_state(no_record[1]) == "CANCELLED" and last_state(owner_gone[1]) == "CANCELLED"
+    assert last_state(owned[1]) == "PENDING" and last_state(detached[1]) == "PENDING"
 
 
 def test_gc_asks_before_cancelling_each_job(transport, jobs, capsys):
@@ -131,7 +117,7 @@ def test_gc_asks_before_cancelling_each_job(transport, jobs, capsys):
     assert main(["gc"], ask=answer) == 0
     assert any(f"cancel job {orphan[1]} (cluster {orphan[0]}: no record" in q for q in questions)
     assert f"cancelled job {orphan[1]}" in capsys.readouterr().out
-    assert state_of(orphan[1]) == "CANCELLED"
+    assert last_state(orphan[1]) == "CANCELLED"
 
 
 def test_list_reconciles_the_records_with_slurm(transport, jobs, capsys):
@@ -141,7 +127,7 @@ def test_list_reconciles_the_records_with_slurm(transport, jobs, capsys):
     record(transport, *queued)
     record(transport, *gone, state="READY")
     subprocess.run(["scancel", gone[1]], check=True)
-    wait_for(lambda: state_of(gone[1]) == "CANCELLED", 15, "the cancel")
+    wait_for(lambda: last_state(gone[1]) == "CANCELLED", 15, "the cancel")
 
     assert main(["list"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
@@ -152,7 +138,7 @@ def test_list_reconciles_the_records_with_slurm(transport, jobs, capsys):
 def test_logs_print_the_jobs_output(transport, capsys):
     finished = submit(transport, held=False, setup=("echo hello from the job",))
     record(transport, *finished)
-    wait_for(lambda: state_of(finished[1]) == "COMPLETED", 60, "the job to finish")
+    wait_for(lambda: last_state(finished[1]) == "COMPLETED", 60, "the job to finish")
     assert main(["logs", finished[0]]) == 0
     out = capsys.readouterr().out
     assert f"==> slurm-{finished[1]}.out <==" in out and "hello from the job" in out
@@ -164,17 +150,8 @@ def test_down_by_name_and_all(transport, jobs, capsys):
     record(transport, *first)
     record(transport, *second)
     assert main(["down", first[0]]) == 0
-    assert state_of(first[1]) == "CANCELLED"
+    assert last_state(first[1]) == "CANCELLED"
     assert main(["down", "--all"]) == 0
     out = capsys.readouterr().out
-    assert state_of(second[1]) == "CANCELLED"
+    assert last_state(second[1]) == "CANCELLED"
     assert f"{second[0]} ({second[0]}): STOPPED" in out
-
-
-def test_errors_are_one_line_with_status_1(capsys):
-    assert main(["logs", "no-such-cluster"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("jupyter slurm-ray: error: no cluster 'no-such-cluster'")
-    assert err.count("\n") == 1
-    assert main(["down"]) == 1
-    assert "give a cluster NAME or --all" in capsys.readouterr().err

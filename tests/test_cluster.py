@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
@@ -25,16 +22,18 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .clusters import (
+from .helpers.clusters import (
     ONE_TASK_PER_NODE,
     cluster_spec,
     processes_of,
     ray_in_subprocess,
     ray_result,
-    squeue_has,
-    wait_for,
+    wait_until_nothing_left,
 )
-from .conftest import as_user
+from .helpers.jobs import in_queue
+from .helpers.kernel import start_kernel
+from .helpers.testbed import runuser
+from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -45,19 +44,13 @@ def registry(tmp_path_factory) -> Registry:
 
 
 def new_cluster(registry: Registry, user: str = "alice", **spec) -> SlurmRayCluster:
-    return SlurmRayCluster(cluster_spec(**spec), LocalTransport(as_user(user)), registry=registry)
+    return SlurmRayCluster(cluster_spec(**spec), LocalTransport(runuser(user)), registry=registry)
 
 
 def store_token(cluster: SlurmRayCluster):
     """A local copy of the cluster's token, as connect() makes one (read here as root)."""
     with open(f"{cluster.job_dir}/ray_token") as f:
         return cluster.registry.store_token(cluster.id, f.read().strip())
-
-
-def assert_nothing_left(cluster: SlurmRayCluster) -> None:
-    assert cluster.job_id and cluster.job_dir
-    wait_for(lambda: not squeue_has(cluster.job_id), 30, "the job to leave squeue")
-    wait_for(lambda: not processes_of(cluster.job_dir), 20, "the cluster's processes to end")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +105,7 @@ def test_a_client_without_the_token_cannot_connect(one_node):
 
 
 def test_the_other_user_cannot_read_the_token_or_the_job_dir(one_node, testbed):
-    other = as_user(testbed.user2)
+    other = runuser(testbed.user2)
     for argv in (["cat", f"{one_node.job_dir}/ray_token"], ["ls", one_node.job_dir]):
         result = subprocess.run([*other, *argv], capture_output=True, text=True)
         assert result.returncode != 0 and "Permission denied" in result.stderr
@@ -157,7 +150,7 @@ def test_scancel_from_outside_is_cancelled_and_ray_calls_fail_fast(one_node):
     with pytest.raises(Exception):  # noqa: B017 - any clear Ray error; the point is: no hang
         ray.get(nothing.remote(), timeout=60)
     assert time.monotonic() - started < 30
-    assert_nothing_left(one_node)
+    wait_until_nothing_left(one_node.job_id, one_node.job_dir)
 
 
 def test_three_nodes_run_one_task_each_and_down_leaves_nothing(registry):
@@ -174,7 +167,7 @@ def test_three_nodes_run_one_task_each_and_down_leaves_nothing(registry):
         started = time.monotonic()
         status = cluster.down()
     assert status.state is State.STOPPED
-    assert_nothing_left(cluster)
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
     assert time.monotonic() - started < 40
 
 
@@ -195,8 +188,8 @@ def test_two_clusters_of_one_user_share_a_node(registry):
     finally:
         first.down()
         second.down()
-    assert_nothing_left(first)
-    assert_nothing_left(second)
+    wait_until_nothing_left(first.job_id, first.job_dir)
+    wait_until_nothing_left(second.job_id, second.job_dir)
 
 
 def test_failing_setup_line_fails_fast_with_the_log(registry):
@@ -228,43 +221,21 @@ def test_walltime_warning_comes_first_then_timeout(registry):
     assert cluster.state is State.READY
     wait_for(lambda: cluster.state.is_final, 120, "the time limit", step=1)
     assert cluster.state is State.TIMEOUT
-    assert_nothing_left(cluster)
-
-
-KERNEL = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from clusters import cluster_spec
-from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.transport import LocalTransport
-cluster = SlurmRayCluster(cluster_spec(idle_timeout=10), LocalTransport({prefix!r}),
-                          registry=Registry({state!r}))
-cluster.up(connect=False)
-print(cluster.job_id, cluster.job_dir, flush=True)
-time.sleep(600)
-"""
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
 
 
 def test_a_killed_kernels_cluster_ends_by_itself(registry, testbed):
-    code = KERNEL.format(
-        tests=os.path.dirname(__file__), prefix=as_user(testbed.user), state=str(registry.path)
-    )
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, text=True
-    )
+    kernel = start_kernel(str(registry.path), runuser(testbed.user), wait=True, idle_timeout=10)
     try:
-        assert kernel.stdout is not None
-        job_id, job_dir = kernel.stdout.readline().split()
-        assert squeue_has(job_id)
-        kernel.send_signal(signal.SIGKILL)
-        kernel.wait()
+        assert kernel.next_line()["state"] == "READY"
+        job_id, job_dir = kernel.job_id, kernel.job_dir
+        assert in_queue(job_id)
+        kernel.kill()
         killed = time.monotonic()
-        wait_for(lambda: not squeue_has(job_id), 10 + 2 + 15, "the orphaned job to end")
+        wait_for(lambda: not in_queue(job_id), 10 + 2 + 15, "the orphaned job to end")
         ended_after = time.monotonic() - killed
     finally:
-        if kernel.poll() is None:
-            kernel.kill()
+        kernel.kill()
     with open(f"{job_dir}/events.jsonl") as f:
         events = [json.loads(line) for line in f]
     assert any(e["event"] == "lease_stale" for e in events)

@@ -11,20 +11,23 @@ import sys
 
 import pytest
 
-from .clusters import processes_of, squeue_has, wait_for
+from .helpers.clusters import wait_until_nothing_left
 from .helpers.faults import daemon_pid, record_figure
+from .helpers.jobs import in_queue
+from .helpers.paths import child_environment
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 
 def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_path, testbed):
     laptop = os.environ["JSR_LAPTOP_NETNS"]
-    script = os.path.join(os.path.dirname(__file__), "laptop_session.py")
+    session = ["nsenter", f"--net={laptop}", sys.executable, "-m", "tests.helpers.laptop_session"]
     result = subprocess.run(
-        ["nsenter", f"--net={laptop}", sys.executable, script, str(tmp_path / "state")],
+        [*session, str(tmp_path / "state")],
         capture_output=True,
         text=True,
         timeout=400,
+        env=child_environment(),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
@@ -37,8 +40,8 @@ def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_
     assert seen["dashboard_without_token"] in (401, 403)
     assert seen["forwards_while_up"] == 2 and seen["forwards_after_down"] == 0
     assert seen["final_state"] == "STOPPED"
-    assert not squeue_has(seen["job_id"])
-    wait_for(lambda: not processes_of(seen["job_dir"]), 20, "the cluster's processes to end")
+    assert not in_queue(seen["job_id"])
+    wait_until_nothing_left(seen["job_id"], seen["job_dir"])
 
 
 def test_an_ssh_drop_mid_task_keeps_the_forwards_and_the_lease_and_leaks_no_token(
@@ -46,13 +49,14 @@ def test_an_ssh_drop_mid_task_keeps_the_forwards_and_the_lease_and_leaks_no_toke
 ):
     """The sshd process serving the session is killed while a Ray task runs."""
     laptop = os.environ["JSR_LAPTOP_NETNS"]
-    script = os.path.join(os.path.dirname(__file__), "helpers", "laptop_drop.py")
     daemon = str(daemon_pid("sshd"))
+    session = ["nsenter", f"--net={laptop}", sys.executable, "-m", "tests.helpers.laptop_drop"]
     result = subprocess.run(
-        ["nsenter", f"--net={laptop}", sys.executable, script, str(tmp_path / "state"), daemon],
+        [*session, str(tmp_path / "state"), daemon],
         capture_output=True,
         text=True,
         timeout=400,
+        env=child_environment(),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
@@ -67,5 +71,5 @@ def test_an_ssh_drop_mid_task_keeps_the_forwards_and_the_lease_and_leaks_no_toke
     assert seen["task_after_drop"] in {"node1", "node2", "node3"}
     assert seen["state_after_drop"] == "CONNECTED"
     assert seen["final_state"] == "STOPPED" and seen["forwards_after_down"] == 0
-    assert not squeue_has(seen["job_id"])
-    wait_for(lambda: not processes_of(seen["job_dir"]), 20, "the cluster's processes to end")
+    assert not in_queue(seen["job_id"])
+    wait_until_nothing_left(seen["job_id"], seen["job_dir"])

@@ -25,15 +25,16 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .clusters import cluster_spec, processes_of, squeue_has
-from .conftest import as_user
+from .helpers.clusters import cluster_spec, processes_of, wait_until_nothing_left
 from .helpers.faults import (
     controller_paused,
     node_down,
     record_figure,
     restart_controller,
 )
+from .helpers.jobs import in_queue
 from .helpers.kernel import start_kernel
+from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -49,16 +50,8 @@ def registry(tmp_path_factory) -> Registry:
 def new_cluster(registry: Registry, user: str = "alice", **spec) -> SlurmRayCluster:
     spec.setdefault("idle_timeout", IDLE)
     return SlurmRayCluster(
-        cluster_spec(**spec), LocalTransport(as_user(user)), registry=registry, poll_interval=0.5
+        cluster_spec(**spec), LocalTransport(runuser(user)), registry=registry, poll_interval=0.5
     )
-
-
-def assert_nothing_left(job_id: str, job_dir: str, timeout: float = 40) -> float:
-    """Seconds until the job left squeue and no process of the cluster remains."""
-    started = time.monotonic()
-    wait_for(lambda: not squeue_has(job_id), timeout, f"job {job_id} to leave squeue")
-    wait_for(lambda: not processes_of(job_dir), 30, "the cluster's processes to end")
-    return time.monotonic() - started
 
 
 def events_of(job_dir: str) -> list[dict]:
@@ -77,70 +70,73 @@ def run_a_task() -> str:
 
 
 # -- the controller -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def connected(registry):
-    """One connected cluster that lives through the controller faults below."""
+    """One connected cluster that lives through the controller faults of one class: it is
+    down before the next tests connect their own (a process has one Ray Client connection)."""
     cluster = new_cluster(registry)
     cluster.up()
     yield cluster
     cluster.down()
-    assert_nothing_left(cluster.job_id, cluster.job_dir)
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
 
 
-def test_a_paused_controller_never_ends_a_connected_cluster(connected):
-    with controller_paused():
-        paused = time.monotonic()
-        silent = wait_for(
-            lambda: connected.status.slurm_unreachable_since, 60, "the silence to show", step=0.5
+class TestTheController:
+    """Faults of slurmctld under one connected cluster."""
+
+    def test_a_paused_controller_never_ends_a_connected_cluster(self, connected):
+        with controller_paused():
+            paused = time.monotonic()
+            silent = wait_for(
+                lambda: connected.status.slurm_unreachable_since, 60, "the silence", step=0.5
+            )
+            noticed = time.monotonic() - paused
+            time.sleep(max(0.0, IDLE * 2 - noticed))  # well past the idle timeout
+            assert connected.state is State.CONNECTED
+            shown = connected.status.describe()
+            assert "Slurm not answering for" in shown
+            assert connected.registry.load(connected.id).slurm_unreachable_since == silent
+        resumed = time.monotonic()
+        wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
+        assert connected.state is State.CONNECTED and run_a_task().startswith("node")
+        assert not any(e["event"] == "lease_stale" for e in events_of(connected.job_dir))
+        record_figure(
+            "slurmctld paused 20 s",
+            user_saw=shown,
+            reported_after_s=round(noticed, 1),
+            recovered_after_resume_s=round(time.monotonic() - resumed, 1),
+            cluster_ended=False,
         )
-        noticed = time.monotonic() - paused
-        time.sleep(max(0.0, IDLE * 2 - noticed))  # well past the idle timeout
-        assert connected.state is State.CONNECTED
-        shown = connected.status.describe()
-        assert "Slurm not answering for" in shown
-        assert connected.registry.load(connected.id).slurm_unreachable_since == silent
-    resumed = time.monotonic()
-    wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
-    assert connected.state is State.CONNECTED and run_a_task().startswith("node")
-    assert not any(e["event"] == "lease_stale" for e in events_of(connected.job_dir))
-    record_figure(
-        "slurmctld paused 20 s",
-        user_saw=shown,
-        reported_after_s=round(noticed, 1),
-        recovered_after_resume_s=round(time.monotonic() - resumed, 1),
-        cluster_ended=False,
-    )
 
-
-def test_a_restarted_controller_never_ends_a_connected_cluster(connected):
-    seen: list[str] = []
-    connected.add_observer(lambda status: seen.append(status.describe()))
-    killed = time.monotonic()
-    restart_controller(down_for=IDLE * 1.5)
-    back = time.monotonic() - killed
-    wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
-    assert connected.state is State.CONNECTED and squeue_has(connected.job_id)
-    assert any("CONNECTED" in line and "Slurm not answering" in line for line in seen)
-    assert run_a_task().startswith("node")
-    record_figure(
-        "slurmctld killed, restarted after 15 s",
-        user_saw=[line for line in seen if "not answering" in line][-1:],
-        controller_back_after_s=round(back, 1),
-        cluster_ended=False,
-    )
+    def test_a_restarted_controller_never_ends_a_connected_cluster(self, connected):
+        seen: list[str] = []
+        connected.add_observer(lambda status: seen.append(status.describe()))
+        killed = time.monotonic()
+        restart_controller(down_for=IDLE * 1.5)
+        back = time.monotonic() - killed
+        wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
+        assert connected.state is State.CONNECTED and in_queue(connected.job_id)
+        assert any("CONNECTED" in line and "Slurm not answering" in line for line in seen)
+        assert run_a_task().startswith("node")
+        record_figure(
+            "slurmctld killed, restarted after 15 s",
+            user_saw=[line for line in seen if "not answering" in line][-1:],
+            controller_back_after_s=round(back, 1),
+            cluster_ended=False,
+        )
 
 
 # -- the owner dies -----------------------------------------------------------------------------
 def test_a_job_whose_owner_died_while_pending_never_starts_ray(registry, testbed):
     kernel = start_kernel(
-        str(registry.path), as_user(testbed.user), idle_timeout=IDLE, extra_sbatch=["--hold"]
+        str(registry.path), runuser(testbed.user), idle_timeout=IDLE, extra_sbatch=["--hold"]
     )
     kernel.kill()
     time.sleep(IDLE + 2)  # the owner is long gone when the job is released
-    subprocess.run([*as_user(testbed.user), "scontrol", "release", kernel.job_id], check=True)
+    subprocess.run([*runuser(testbed.user), "scontrol", "release", kernel.job_id], check=True)
     released = time.monotonic()
     ray_seen = []
-    while squeue_has(kernel.job_id) and time.monotonic() - released < 60:
+    while in_queue(kernel.job_id) and time.monotonic() - released < 60:
         ray_seen += processes_of(kernel.job_dir)
         time.sleep(0.2)
     ended = time.monotonic() - released
@@ -149,7 +145,7 @@ def test_a_job_whose_owner_died_while_pending_never_starts_ray(registry, testbed
     assert gone and "owner is gone" in gone[0]["reason"]
     assert not ray_seen and not Path(kernel.job_dir, "connection.json").exists()
     assert ended < 30
-    assert_nothing_left(kernel.job_id, kernel.job_dir)
+    wait_until_nothing_left(kernel.job_id, kernel.job_dir)
     record_figure(
         "kernel SIGKILLed while PENDING",
         events=[e["event"] for e in events],
@@ -162,7 +158,7 @@ def test_a_job_whose_owner_died_while_pending_never_starts_ray(registry, testbed
 def test_a_killed_kernels_cluster_is_gone_within_the_idle_timeout(registry, testbed, stage):
     kernel = start_kernel(
         str(registry.path),
-        as_user(testbed.user),
+        runuser(testbed.user),
         idle_timeout=IDLE,
         wait=stage == "CONNECTED",
         connect=True,
@@ -173,7 +169,7 @@ def test_a_killed_kernels_cluster_is_gone_within_the_idle_timeout(registry, test
         assert kernel.next_line()["state"] == "CONNECTED"
     kernel.kill()
     killed = time.monotonic()
-    gone_after = assert_nothing_left(kernel.job_id, kernel.job_dir, timeout=IDLE + 30)
+    gone_after = wait_until_nothing_left(kernel.job_id, kernel.job_dir, timeout=IDLE + 30)
     assert any(e["event"] == "lease_stale" for e in events_of(kernel.job_dir))
     assert gone_after <= IDLE + 2 + 15  # idle timeout + one poll + Slurm's kill
     assert time.monotonic() - killed > IDLE * 0.5  # it waited for the lease
@@ -196,9 +192,9 @@ def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry):
         status = cluster.status
         assert status.state is State.NODE_FAIL, status
         assert node in status.reason and "jsr fault test" in status.reason
-        gone_after = assert_nothing_left(cluster.job_id, cluster.job_dir, timeout=120)
+        gone_after = wait_until_nothing_left(cluster.job_id, cluster.job_dir, timeout=120)
         time.sleep(3)
-        assert not squeue_has(cluster.job_id)  # not requeued
+        assert not in_queue(cluster.job_id)  # not requeued
     record_figure(
         "node set DOWN under a 2-node cluster",
         user_saw=status.describe(),
@@ -231,7 +227,7 @@ def test_a_killed_raylet_is_shown_lost_and_the_rest_keeps_working(registry):
         )
     finally:
         cluster.down()
-    assert_nothing_left(cluster.job_id, cluster.job_dir)
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
 
 
 def _is_raylet_on(pid: int, host: str) -> bool:
@@ -287,7 +283,7 @@ def test_secrets_and_an_outer_allocation_reach_no_process_of_the_job(registry, m
             assert name not in script.split("--export=")[1].split("\n")[0]
     finally:
         cluster.down()
-    assert_nothing_left(cluster.job_id, cluster.job_dir)
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
 
 
 def test_output_that_is_not_utf8_does_not_stop_the_final_state(registry):
@@ -298,7 +294,7 @@ def test_output_that_is_not_utf8_does_not_stop_the_final_state(registry):
     wait_for(lambda: cluster.state.is_final, 60, "the cancel to be seen")
     assert cluster.state is State.CANCELLED
     assert "\ufffd" in cluster.logs()
-    assert_nothing_left(cluster.job_id, cluster.job_dir)
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
 
 
 HANGING_WRAPPER = """#!/bin/sh
@@ -314,7 +310,7 @@ def test_a_submit_that_hangs_after_queueing_is_adopted_not_orphaned(registry, tm
     wrapper = tmp_path / "hang-after-sbatch"
     wrapper.write_text(HANGING_WRAPPER)
     wrapper.chmod(0o755)
-    transport = LocalTransport([str(wrapper), *as_user(testbed.user)])
+    transport = LocalTransport([str(wrapper), *runuser(testbed.user)])
     cluster = SlurmRayCluster(
         cluster_spec(idle_timeout=IDLE), transport, registry=registry, submit_timeout=5
     )
@@ -322,9 +318,9 @@ def test_a_submit_that_hangs_after_queueing_is_adopted_not_orphaned(registry, tm
     cluster.up(wait=False)
     adopted_after = time.monotonic() - started
     try:
-        assert cluster.job_id and squeue_has(cluster.job_id)
+        assert cluster.job_id and in_queue(cluster.job_id)
         tagged = subprocess.run(
-            [*as_user(testbed.user), "squeue", "-h", "--me", "-o", "%i %k"],
+            [*runuser(testbed.user), "squeue", "-h", "--me", "-o", "%i %k"],
             capture_output=True,
             text=True,
             check=True,
@@ -334,5 +330,5 @@ def test_a_submit_that_hangs_after_queueing_is_adopted_not_orphaned(registry, tm
         assert registry.load(cluster.id).job_id == cluster.job_id
     finally:
         cluster.down()
-    assert_nothing_left(cluster.job_id, cluster.job_dir)
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
     record_figure("sbatch hangs after queueing", adopted_after_s=round(adopted_after, 1))

@@ -2,7 +2,8 @@
 
 One cluster is started by this shell's ``up`` and shared by the tests that read it; a second one
 is started by another kernel (``%%slurm_ray up --detach``) to show ``list`` across kernels and
-``attach`` after that kernel restarts.
+``attach`` after that kernel restarts. The argument handling, ``config`` and ``script`` are
+tested on a scripted Slurm in tests/fast/test_magics.py.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from IPython.testing.globalipapp import start_ipython
 from jupyter_client.manager import KernelManager
 
 from jupyter_slurm_ray import session as session_module
-from jupyter_slurm_ray.magic_args import SUBCOMMANDS
 from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
 
-from .clusters import wait_for
-from .site_helpers import configured_site, job_fields, jobs_named
+from .helpers.jobs import job_fields, jobs_named
+from .helpers.site import configured_site
+from .helpers.waiting import wait_for
 
 pytestmark = pytest.mark.testbed
 
@@ -87,103 +88,13 @@ def name() -> str:
     return "m" + uuid.uuid4().hex[:8]
 
 
-# -- without a cluster ------------------------------------------------------------------------
-def test_load_ext_registers_the_magic(capfd):
-    ip = get_ipython()
-    ip.run_line_magic("load_ext", "jupyter_slurm_ray")
-    assert "slurm_ray" in ip.magics_manager.magics["line"]
-    assert "slurm_ray" in ip.magics_manager.magics["cell"]
-
-
-@pytest.mark.parametrize("command", ["", *SUBCOMMANDS])
-def test_every_subcommand_has_help(run, command):
-    out, err, error = run(f"%slurm_ray {command} --help")
-    assert error is None and not err
-    assert out.startswith(f"usage: %slurm_ray {command}".rstrip())
-
-
-def test_no_arguments_show_the_commands(run):
-    out, _, error = run("%slurm_ray")
-    assert error is None
-    assert all(command in out for command in SUBCOMMANDS)
-
-
-@pytest.mark.parametrize(
-    ("options", "expected"),
-    [
-        ("--frobnicate", "%slurm_ray up: unrecognized arguments: --frobnicate"),
-        ("-N 0", "nodes: '0' is not allowed; a whole number from 1"),
-        ("-t 25:99", "time: '25:99' is not allowed; a Slurm walltime like"),
-        ("--profile gpu-huge", "profile: 'gpu-huge' is not allowed; a profile defined in"),
-        ("-p nowhere", "partition: 'nowhere' is not allowed; a partition of this cluster: debug"),
-        ("-p short -t 1:00:00", "time: '01:00:00' is not allowed; at most 00:30:00 in partition"),
-        ("-C fast", "Invalid feature specification"),  # sbatch's own refusal, in one line
-    ],
-)
-def test_a_bad_request_is_one_line_and_submits_nothing(run, name, options, expected):
-    _, err, error = run(f"%slurm_ray up --name {name} {options}")
-    assert expected in one_line_error(err)
+# -- Slurm's own refusal --------------------------------------------------------------------
+def test_a_request_sbatch_refuses_is_one_line_and_submits_nothing(run, name):
+    _, err, error = run(f"%slurm_ray up --name {name} -C fast")
+    assert "Invalid feature specification" in one_line_error(err)  # sbatch's words, in one line
     assert error is not None
     assert jobs_named(name) == []
     assert [r for r in Registry().all() if r.name == name] == []
-
-
-def test_a_malformed_profiles_file_is_one_line_and_submits_nothing(
-    run, name, tmp_path, monkeypatch
-):
-    bad = tmp_path / "profiles.toml"
-    bad.write_text("[profiles.testbed\nnodes = 1\n")
-    monkeypatch.setenv("JUPYTER_SLURM_RAY_PROFILES_FILE", str(bad))
-    _, err, _ = run(f"%slurm_ray up --name {name}")
-    line = one_line_error(err)
-    assert f"profiles_file: '{bad}' is not allowed; valid TOML" in line
-    assert jobs_named(name) == []
-
-
-def test_a_missing_walltime_says_how_to_give_one(run, name):
-    run('%config SlurmRay.default_profile = ""')
-    try:
-        _, err, _ = run(f"%slurm_ray up --name {name}")
-    finally:
-        run('%config SlurmRay.default_profile = "testbed"')
-    assert "a walltime is required: pass -t 1:00:00" in one_line_error(err)
-
-
-def test_config_shows_each_setting_and_its_source(run):
-    run('%config SlurmRay.time = "2:00:00"')
-    try:
-        out, _, error = run("%slurm_ray config -N 2")
-    finally:
-        run("%config SlurmRay.time = None")
-    assert error is None
-    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
-    assert rows["nodes"].endswith("argument")
-    assert rows["time"].endswith("profile testbed")  # the profile beats the config
-    assert rows["python"].endswith("profile testbed")
-    assert rows["poll_interval"].endswith("env JUPYTER_SLURM_RAY_POLL_INTERVAL")
-    assert rows["default_profile"].endswith("config SlurmRay.default_profile")
-    assert rows["account"].endswith("default")
-    assert "gpu-small, testbed" in out
-
-
-def test_percent_config_sets_a_setting(run, shell):
-    run('%config SlurmRay.account = "proj9"')
-    try:
-        out, _, _ = run("%slurm_ray config")
-        assert shell.magics.settings.account == "proj9"
-        assert re.search(r"^account\s+'proj9'\s+config SlurmRay.account$", out, re.M)
-    finally:
-        run("%config SlurmRay.account = None")
-
-
-def test_script_shows_the_job_script_and_submits_nothing(run, name):
-    out, _, error = run(f"%slurm_ray script -N 2 -t 5 -G 1 --name {name} --setup 'echo hi'")
-    assert error is None
-    assert out.startswith("#!/bin/bash\n")
-    for line in ("--nodes=2", "--time=00:05:00", "--gpus-per-node=1", f"--job-name={name}"):
-        assert f"#SBATCH {line}" in out
-    assert "echo hi" in out
-    assert jobs_named(name) == []
 
 
 # -- one cluster started by this shell --------------------------------------------------------

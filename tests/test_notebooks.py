@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from .site_helpers import cancel_recorded_jobs, kernel_environment
+from .helpers.site import cancel_recorded_jobs, kernel_environment
 
 pytestmark = pytest.mark.testbed
 

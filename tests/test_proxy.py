@@ -32,9 +32,8 @@ import websocket
 
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 
-from .clusters import wait_for
-from .conftest import ssh_transport
-from .server_helpers import (
+from .helpers.jobs import last_state
+from .helpers.server import (
     Head,
     JupyterServer,
     dashboard_log,
@@ -43,6 +42,8 @@ from .server_helpers import (
     jupyter_server,
     start_cluster,
 )
+from .helpers.testbed import ssh_transport
+from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -409,11 +410,6 @@ def submit_sleep_job(user: str, seconds: int) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def job_state(job_id: str) -> str:
-    argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"]
-    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def register(server, testbed) -> Iterator:
     """``register(name, port, state, job_id)``: a record, and a job dir naming that port.
@@ -740,7 +736,7 @@ def test_a_websocket_through_a_capability_url_streams_a_job_log(server, cluster)
 def test_a_ready_record_whose_job_has_ended_is_a_503_page(server, register, testbed):
     """The record still says READY (its owner died); Slurm says the job is over."""
     job_id = submit_sleep_job(testbed.user, 0)
-    wait_for(lambda: job_state(job_id) == "COMPLETED", 60, f"job {job_id} to end")
+    wait_for(lambda: last_state(job_id) == "COMPLETED", 60, f"job {job_id} to end")
     stale = register("leftover", free_port(), state="READY", job_id=job_id)
     response = server.get(stale.url)
     assert_page(response, 503, f"Ray cluster leftover (job {job_id}) is ")

@@ -15,7 +15,7 @@ import pytest
 
 from jupyter_slurm_ray.errors import CommandError, TransportError
 
-from .conftest import ssh_transport
+from .helpers.testbed import ssh_transport
 
 pytestmark = pytest.mark.testbed
 

@@ -1,4 +1,5 @@
-"""The ClusterPanel widget model against the real testbed, and the notebook reprs."""
+"""The ClusterPanel widget model against the real testbed (the reprs and formatting are tested
+in tests/fast/test_reprs.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 
-import jupyter_slurm_ray
 from jupyter_slurm_ray.config import SlurmRay
-from jupyter_slurm_ray.formatting import format_duration, status_line
 from jupyter_slurm_ray.live import StatusView
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.reprs import cluster_mimebundle
 from jupyter_slurm_ray.session import Session
-from jupyter_slurm_ray.spec import ClusterSpec
-from jupyter_slurm_ray.states import State, Status
 from jupyter_slurm_ray.widget import ClusterPanel
 
-from .clusters import wait_for
-from .site_helpers import configured_site, jobs_named
+from .helpers.jobs import jobs_named
+from .helpers.site import configured_site
+from .helpers.waiting import wait_for
 
 ORDER = ["SUBMITTING", "PENDING", "STARTING", "READY", "CONNECTED", "STOPPING", "STOPPED"]
 
@@ -36,40 +33,6 @@ def panel(session: Session) -> Iterator[ClusterPanel]:
     panel = ClusterPanel(session=session)
     yield panel
     panel.close()
-
-
-# -- reprs (no cluster needed) ----------------------------------------------------------------
-def test_durations_read_like_slurm():
-    assert format_duration(3725) == "1:02:05"
-    assert format_duration(2 * 86400 + 5) == "2-00:00:05"
-    assert format_duration(None) == "?"
-
-
-def test_a_status_line_has_reason_start_estimate_elapsed_and_time_left():
-    from datetime import datetime
-
-    pending = Status(
-        State.PENDING,
-        at=100.0,
-        reason="Resources",
-        job_id="7",
-        estimated_start=datetime(2030, 1, 2, 3, 4),
-    )
-    assert status_line(pending, since=40.0, now=100.0) == (
-        "PENDING · (Resources) · job 7 · est. start 2030-01-02 03:04 · elapsed 0:01:00"
-    )
-    up = Status(State.CONNECTED, at=100.0, job_id="7", time_left=600)
-    assert status_line(up, now=160.0).endswith("0:09:00 left")
-
-
-def test_a_cluster_has_a_text_and_html_repr():
-    from jupyter_slurm_ray.cluster import SlurmRayCluster
-
-    cluster = SlurmRayCluster(ClusterSpec(name="demo", nodes=2, time="1:00:00", gpus_per_node=1))
-    bundle = cluster_mimebundle(cluster)
-    assert bundle["text/plain"].startswith("SlurmRayCluster demo\n")
-    assert "2 × default CPU, 1 GPU per node, walltime 01:00:00" in bundle["text/plain"]
-    assert "<table" in bundle["text/html"] and ">SUBMITTING</span>" in bundle["text/html"]
 
 
 # -- the form ---------------------------------------------------------------------------------
@@ -103,14 +66,6 @@ def test_a_bad_field_is_one_line_in_the_panel_and_submits_nothing(panel):
     panel.up_button.click()
     assert "nodes: 4 is not allowed; at most 3 in partition" in panel.message.value
     assert jobs_named(name) == []
-
-
-def test_panel_opens_from_the_package():
-    opened = jupyter_slurm_ray.panel(session=Session(SlurmRay()))
-    try:
-        assert isinstance(opened, ClusterPanel)
-    finally:
-        opened.close()
 
 
 # -- a real cluster, driven by the buttons ----------------------------------------------------

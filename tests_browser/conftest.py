@@ -7,14 +7,11 @@ it before editing, it is shared.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # for `tests.server_helpers` and the like
-    sys.path.insert(0, str(REPO))
+from tests.helpers.paths import ARTIFACTS  # `tests` is importable: pythonpath in pytest.ini
 
 CHROMIUM = os.environ.get("JSR_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -43,9 +40,8 @@ def browser_type_launch_args(browser_type_launch_args):
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     """``test-artifacts/`` at the repository root (screenshots, logs)."""
-    path = REPO / "test-artifacts"
-    path.mkdir(exist_ok=True)
-    return path
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
 
 
 @pytest.fixture(scope="session")

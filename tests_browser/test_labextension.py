@@ -19,9 +19,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect
 
-from tests.server_helpers import JupyterServer, jupyter_server, start_cluster
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.server import JupyterServer, jupyter_server, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.server_helpers import JupyterServer, jupyter_server
-from tests.site_helpers import cancel_recorded_jobs, kernel_environment
+from tests.helpers.paths import REPO
+from tests.helpers.server import JupyterServer, jupyter_server
+from tests.helpers.site import cancel_recorded_jobs, kernel_environment
 
-REPO = Path(__file__).resolve().parent.parent
 UP_TIMEOUT_MS = 240_000
 
 

@@ -30,22 +30,24 @@ class RayExitedEarly(BootstrapError):
 
 @dataclass
 class Config:
-    """bootstrap.json, written by the client."""
+    """bootstrap.json, written by the client (``jobdir.bootstrap_settings``): every key is
+    always written; the defaults, the same as ClusterSpec's (a test pins them), only serve
+    hand-written files."""
 
     cluster_id: str
     nodes: int = 1
     port_strategy: str = "random"
-    port_range: tuple[int, int] = (20000, 32000)
+    port_range: tuple[int, int] = (20000, 29999)
     fixed_port_base: int | None = None
-    worker_ports: int = 32
+    worker_ports: int = 64
     network_interface: str | None = None
     node_ip_address_command: str | None = None
     ray_start_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     object_store_memory: int | None = None
-    idle_timeout: float = 600.0
+    idle_timeout: float = 300.0
     start_timeout: float = 300.0
-    lock_dir: str | None = None
+    lock_dir: str | None = None  # ClusterSpec.port_lock_dir
 
     @classmethod
     def load(cls, path: Path) -> Config:

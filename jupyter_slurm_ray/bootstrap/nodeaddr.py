@@ -36,7 +36,7 @@ def resolve_ipv4(name: str) -> str | None:
     if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
         return name
     try:
-        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0])
     except (OSError, IndexError):
         return None
 

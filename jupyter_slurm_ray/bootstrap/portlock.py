@@ -134,7 +134,7 @@ def plausible_claim(path: Path) -> dict[str, Any] | None:
     numbers = [claim.get(key) for key in ("start", "size", "pid", "uid")]
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
         return None
-    start, size, pid, uid = numbers
+    start, size, pid, uid = (int(n) for n in numbers)  # type: ignore[arg-type]
     if not (start >= PORT_MIN and 1 <= size <= MAX_BLOCK and start + size - 1 <= PORT_MAX):
         return None
     return claim if pid > 0 and info.st_uid == uid else None

@@ -21,9 +21,10 @@ from jupyter_server.utils import url_path_join
 from ..naming import DASHBOARD_BASE_ENV
 from ..registry import Registry
 from ..targets import Transports
-from . import handlers, proxy
+from . import capabilities, handlers, proxy
+from .backends import DashboardBackends
+from .capabilities import DashboardCapabilities
 from .manager import ClusterManager
-from .targets import DashboardTargets
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +52,37 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         )[0],
         retention=float(7 if retention_days is None else retention_days) * 86400,
     )
-    targets = DashboardTargets(
+    backends = DashboardBackends(
         registry, lambda record: manager.transport(record.target), manager.status
     )
     web_app.settings["slurm_ray_manager"] = manager
     IOLoop.current().add_callback(manager.start_housekeeping)
     web_app.add_handlers(
         ".*$",
-        handlers.route_specs(base_url, manager) + proxy.route_specs(base_url, targets),
+        handlers.route_specs(base_url, manager) + _dashboard_routes(base_url, backends),
     )
     os.environ[DASHBOARD_BASE_ENV] = url_path_join(base_url, proxy.PREFIX) + "/"
     serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)
 
 
+def _dashboard_routes(base_url: str, backends: DashboardBackends) -> list[tuple[str, type, dict]]:
+    """The sandboxed and the login-protected proxy, capability links, the slash redirect."""
+    from jupyter_server_proxy.handlers import AddSlashHandler
+
+    prefix = url_path_join(base_url, proxy.PREFIX)
+    cluster = r"([^/]+)"
+    kwargs = {"backends": backends, "capabilities": DashboardCapabilities()}
+    links = url_path_join(base_url, capabilities.LINKS_PREFIX) + f"/{cluster}"
+    return [
+        (f"{prefix}/{cluster}/~([^/]*)(/.*)?", capabilities.SandboxedDashboardHandler, kwargs),
+        (f"{prefix}/{cluster}", AddSlashHandler, {}),
+        (f"{prefix}/{cluster}(/.*)", proxy.DashboardProxyHandler, kwargs),
+        (links, capabilities.DashboardLinkHandler, kwargs),
+    ]
+
+
 def _log_to_server(serverapp: Any) -> None:
-    """The package's log records (proxy targets, stops, creates) go to the server's log."""
+    """The package's log records (proxy backends, stops, creates) go to the server's log."""
     package_log = logging.getLogger("jupyter_slurm_ray")
     if not package_log.handlers:
         for handler in serverapp.log.handlers:

@@ -1,7 +1,7 @@
 """The Ray dashboard of a registered cluster, proxied behind Jupyter's own login, sandboxed.
 
-``/slurm-ray/dashboard/<id>/<path>`` is a jupyter-server-proxy ``ProxyHandler`` whose target is
-looked up in the registry on every request (see ``targets.py``): the URL names a cluster, never a
+``/slurm-ray/dashboard/<id>/<path>`` is a jupyter-server-proxy ``ProxyHandler`` whose backend is
+looked up in the registry on every request (see ``backends.py``): the URL names a cluster, never a
 host or a port. Jupyter's credentials (``Authorization``, cookies, ``?token=``, the XSRF header)
 are stripped before forwarding, and the cluster's Ray token is added server-side as
 ``X-Ray-Authorization``, so the browser never sees it. Websockets are proxied with the backend
@@ -29,25 +29,23 @@ import html
 import logging
 import posixpath
 import re
-import secrets
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from jupyter_server.auth.decorator import allow_unauthenticated
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import origin_matches_pat, url_path_join
-from jupyter_server_proxy.handlers import AddSlashHandler, ProxyHandler, RewritableResponse
+from jupyter_server_proxy.handlers import ProxyHandler, RewritableResponse
 from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
-from ..errors import SlurmRayError
-from .targets import DashboardTarget, DashboardTargets, DashboardUnavailable, UnknownCluster
+from ..errors import DashboardUnavailable, NotFound, SlurmRayError
+from .backends import DashboardBackend, DashboardBackends
+
+if TYPE_CHECKING:
+    from .capabilities import DashboardCapabilities
 
 log = logging.getLogger(__name__)
 
 PREFIX = "slurm-ray/dashboard"
-LINKS_PREFIX = "slurm-ray/dashboard-links"
 
 # Request headers that carry Jupyter's (or the browser's) credentials or per-hop state.
 _DROPPED_REQUEST_HEADERS = (
@@ -103,10 +101,10 @@ def clean_path(path: str) -> str:
     return cleaned + "/" if trailing and cleaned != "/" else cleaned
 
 
-def _only_registered_target(handler: Any, host: str) -> bool:
+def _only_the_registered_backend(handler: Any, host: str) -> bool:
     """``host_allowlist``: the one host the registry gave for this request, nothing else."""
-    target = getattr(handler, "target", None)
-    return target is not None and host == target.host
+    backend = getattr(handler, "backend", None)
+    return backend is not None and host == backend.host
 
 
 def _inject_storage_shim(response: RewritableResponse) -> None:
@@ -121,50 +119,6 @@ def _inject_storage_shim(response: RewritableResponse) -> None:
     match = _HEAD_TAG.search(body)
     at = match.end() if match else 0
     response.body = body[:at] + shim + body[at:]
-
-
-class DashboardCapabilities:
-    """Unguessable URL segments standing for one cluster's dashboard, in this process only.
-
-    One capability per cluster, reused while it is used (the browser caches the dashboard's
-    assets under it); one unused for ``idle_timeout`` seconds is forgotten.
-    """
-
-    def __init__(self, idle_timeout: float = 12 * 3600) -> None:
-        self.idle_timeout = idle_timeout
-        self._cluster_of: dict[str, str] = {}
-        self._of_cluster: dict[str, str] = {}
-        self._used: dict[str, float] = {}
-
-    def mint(self, cluster_id: str) -> str:
-        self._expire()
-        capability = self._of_cluster.get(cluster_id)
-        if capability is None:
-            capability = secrets.token_urlsafe(32)
-            self._cluster_of[capability] = cluster_id
-            self._of_cluster[cluster_id] = capability
-        self._used[capability] = time.monotonic()
-        return capability
-
-    def cluster_of(self, capability: str) -> str | None:
-        """The cluster a capability stands for (None: unknown or expired)."""
-        self._expire()
-        cluster_id = self._cluster_of.get(capability)
-        if cluster_id is not None:
-            self._used[capability] = time.monotonic()
-        return cluster_id
-
-    def revoke(self, cluster_id: str) -> None:
-        capability = self._of_cluster.pop(cluster_id, None)
-        if capability is not None:
-            self._cluster_of.pop(capability, None)
-            self._used.pop(capability, None)
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for capability, used in list(self._used.items()):
-            if now - used > self.idle_timeout:
-                self.revoke(self._cluster_of[capability])
 
 
 class DashboardError(web.HTTPError):
@@ -222,20 +176,18 @@ class _DashboardProxy(ProxyHandler):
     root is in the URL (:meth:`_root`).
     """
 
-    target: DashboardTarget | None = None
+    backend: DashboardBackend | None = None
     cluster_id: str = ""
     proxied_path: str = "/"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("host_allowlist", _only_registered_target)
+        kwargs.setdefault("host_allowlist", _only_the_registered_backend)
         kwargs.setdefault("absolute_url", False)
         kwargs.setdefault("rewrite_response", (_inject_storage_shim,))
         super().__init__(*args, **kwargs)
 
-    def initialize(  # type: ignore[override]
-        self, targets: DashboardTargets, capabilities: DashboardCapabilities
-    ) -> None:
-        self.targets = targets
+    def initialize(self, backends: DashboardBackends, capabilities: DashboardCapabilities) -> None:
+        self.backends = backends
         self.capabilities = capabilities
 
     async def prepare(self, *args: Any, **kwargs: Any) -> None:
@@ -247,8 +199,8 @@ class _DashboardProxy(ProxyHandler):
         if self.request.method == "OPTIONS" and self._answer_preflight():
             return
         try:
-            self.target = await self.targets.resolve(self.cluster_id)
-        except UnknownCluster:
+            self.backend = await self.backends.resolve(self.cluster_id)
+        except NotFound:
             raise DashboardError(404, f"There is no Ray cluster `{self.cluster_id}`.") from None
         except DashboardUnavailable as exc:
             raise self._unavailable(exc) from None
@@ -285,7 +237,7 @@ class _DashboardProxy(ProxyHandler):
     def _backend_failed(self, why: object) -> DashboardError:
         """503 when the dashboard does not answer: naming the cluster and its last known state."""
         log.warning("the dashboard of %s does not answer: %s", self.cluster_id, why)
-        self.targets.forget(self.cluster_id)  # the next request reads connection.json again
+        self.backends.forget(self.cluster_id)  # the next request reads connection.json again
         record = self._record()
         if record is None:
             who, state = f"Ray cluster `{self.cluster_id}`", "unknown"
@@ -301,7 +253,7 @@ class _DashboardProxy(ProxyHandler):
 
     def _record(self) -> Any:
         try:
-            return self.targets.registry.load(self.cluster_id)
+            return self.backends.registry.load(self.cluster_id)
         except (SlurmRayError, OSError):
             return None
 
@@ -322,9 +274,9 @@ class _DashboardProxy(ProxyHandler):
             headers.pop(name, None)
         if self.request.headers.get("Sec-Fetch-Dest") in _NAVIGATIONS:
             headers.pop("Accept-Encoding", None)  # a page: uncompressed, to add the shim
-        assert self.target is not None
-        headers["Host"] = f"{self.target.host}:{self.target.port}"
-        headers["X-Ray-Authorization"] = f"Bearer {self.target.token}"
+        assert self.backend is not None
+        headers["Host"] = f"{self.backend.host}:{self.backend.port}"
+        headers["X-Ray-Authorization"] = f"Bearer {self.backend.token}"
         return headers
 
     def proxy_request_options(self) -> dict[str, Any]:
@@ -346,10 +298,10 @@ class _DashboardProxy(ProxyHandler):
 
     # -- HTTP verbs -----------------------------------------------------------------------
     async def _forward(self) -> None:
-        target = self.target
-        assert target is not None
+        backend = self.backend
+        assert backend is not None
         try:
-            await self.proxy(target.host, target.port, self.proxied_path)
+            await self.proxy(backend.host, backend.port, self.proxied_path)
         except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
             raise self._backend_failed(exc) from None
         except web.HTTPError as exc:
@@ -359,34 +311,18 @@ class _DashboardProxy(ProxyHandler):
         if self.get_status() == 599 and not self._headers_written:  # the event-stream path
             raise self._backend_failed("no answer")
 
-    async def http_get(self, *args: Any) -> None:
+    async def _forward_any(self, *args: Any) -> None:
         await self._forward()
 
-    async def post(self, *args: Any) -> None:
-        await self._forward()
-
-    async def put(self, *args: Any) -> None:
-        await self._forward()
-
-    async def delete(self, *args: Any) -> None:
-        await self._forward()
-
-    async def patch(self, *args: Any) -> None:
-        await self._forward()
-
-    async def head(self, *args: Any) -> None:
-        await self._forward()
-
-    async def options(self, *args: Any) -> None:
-        await self._forward()
+    http_get = post = put = delete = patch = head = options = _forward_any
 
     # -- websockets -----------------------------------------------------------------------
     async def open(self, *args: Any) -> None:
         """Connect the backend side of a websocket, uncompressed, and relay both ways."""
-        target = self.target
-        assert target is not None
+        backend = self.backend
+        assert backend is not None
         request = httpclient.HTTPRequest(
-            url=self.get_client_uri("ws", target.host, target.port, self.proxied_path),
+            url=self.get_client_uri("ws", backend.host, backend.port, self.proxied_path),
             headers=self.proxy_request_headers(),
         )
         self._record_activity()
@@ -486,124 +422,3 @@ class DashboardProxyHandler(_DashboardProxy):
             if key not in _DROPPED_QUERY_KEYS
         ]
         return f"{url}?{urlencode(query)}" if query else url
-
-
-class SandboxedDashboardHandler(_DashboardProxy):
-    """``/slurm-ray/dashboard/<id>/~<capability>/…``: authorized by the capability alone.
-
-    Jupyter's identity is neither needed nor used; the browser reaches this URL from the
-    dashboard's opaque origin, so its requests are cross-origin: CORS lets that origin (and
-    only that, ``null``) read the answers, without credentials.
-    """
-
-    async def _authorize(self) -> bool:
-        # Jupyter's checks of the Host header (DNS rebinding) still apply; its login does not.
-        await JupyterHandler.prepare(self)
-        capability = self.path_args[1]
-        if self.capabilities.cluster_of(capability) != self.cluster_id:
-            raise DashboardError(
-                404,
-                "This dashboard link is not valid (any more): the Jupyter server restarted, or "
-                "the link was not used for a long time. Open the dashboard again from "
-                "JupyterLab's Slurm Ray sidebar.",
-            )
-        if self.path_args[2] is None:  # the dashboard's relative links need the slash
-            query = f"?{self.request.query}" if self.request.query else ""
-            self.redirect(f"{self.request.path}/{query}", permanent=False)
-            return False
-        return True
-
-    def _root(self) -> str:
-        return url_path_join(self.base_url, PREFIX, self.cluster_id, f"~{self.path_args[1]}")
-
-    def check_origin(self, origin: str | None = None) -> bool:
-        """Websockets: the capability in the URL authorizes them (checked in ``prepare``)."""
-        return True
-
-    def _answer_preflight(self) -> bool:
-        if "Access-Control-Request-Method" not in self.request.headers:
-            return False
-        self.set_status(204)
-        self.set_header("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, PATCH, DELETE")
-        requested = self.request.headers.get("Access-Control-Request-Headers")
-        if requested:
-            self.set_header("Access-Control-Allow-Headers", requested)
-        self.set_header("Access-Control-Max-Age", "600")
-        self.finish()
-        return True
-
-    def response_headers(self, headers: httputil.HTTPHeaders) -> dict[str, str]:
-        extra = super().response_headers(headers)
-        if self.request.headers.get("Origin") == "null":
-            extra["Access-Control-Allow-Origin"] = "null"
-        extra["Vary"] = "Origin"
-        return extra
-
-    # Jupyter's ``allow_unauthenticated_access = False`` must not refuse them: the capability
-    # is their authentication.
-    @allow_unauthenticated
-    async def get(self, *args: Any, **kwargs: Any) -> None:
-        await super().get(*args, **kwargs)
-
-    @allow_unauthenticated
-    async def post(self, *args: Any) -> None:
-        await self._forward()
-
-    @allow_unauthenticated
-    async def put(self, *args: Any) -> None:
-        await self._forward()
-
-    @allow_unauthenticated
-    async def delete(self, *args: Any) -> None:
-        await self._forward()
-
-    @allow_unauthenticated
-    async def patch(self, *args: Any) -> None:
-        await self._forward()
-
-    @allow_unauthenticated
-    async def head(self, *args: Any) -> None:
-        await self._forward()
-
-    @allow_unauthenticated
-    async def options(self, *args: Any) -> None:
-        await self._forward()
-
-
-class DashboardLinkHandler(APIHandler):
-    """``POST /slurm-ray/dashboard-links/<id>``: the sandboxed dashboard URL of a cluster.
-
-    For a logged-in user (Jupyter's API rules: token, or cookie plus XSRF); answers
-    ``{"url": "<base>slurm-ray/dashboard/<id>/~<capability>/"}``.
-    """
-
-    def initialize(self, targets: DashboardTargets, capabilities: DashboardCapabilities) -> None:
-        self.targets = targets
-        self.capabilities = capabilities
-
-    @web.authenticated
-    async def post(self, cluster_id: str) -> None:
-        try:
-            record = self.targets.registry.load(cluster_id)
-        except SlurmRayError:
-            record = None
-        if record is None:
-            raise web.HTTPError(404, f"no Ray cluster {cluster_id!r}")
-        capability = self.capabilities.mint(cluster_id)
-        url = url_path_join(self.base_url, PREFIX, cluster_id, f"~{capability}") + "/"
-        self.set_status(201)
-        self.set_header("Cache-Control", "no-store")
-        self.finish({"url": url})
-
-
-def route_specs(base_url: str, targets: DashboardTargets) -> list[tuple[str, type, dict]]:
-    """Tornado routes: the sandboxed and the login-protected proxy, links, the slash redirect."""
-    prefix = url_path_join(base_url, PREFIX)
-    cluster = r"([^/]+)"
-    kwargs = {"targets": targets, "capabilities": DashboardCapabilities()}
-    return [
-        (f"{prefix}/{cluster}/~([^/]*)(/.*)?", SandboxedDashboardHandler, kwargs),
-        (f"{prefix}/{cluster}", AddSlashHandler, {}),
-        (f"{prefix}/{cluster}(/.*)", DashboardProxyHandler, kwargs),
-        (url_path_join(base_url, LINKS_PREFIX) + f"/{cluster}", DashboardLinkHandler, kwargs),
-    ]

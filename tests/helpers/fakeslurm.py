@@ -19,6 +19,11 @@ from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, LocalTra
 
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo")
 NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+#: sinfo's partition lines (``%R|%a|%F|%c|%m|%G|%l|%P``) as the real testbed prints them.
+TESTBED_PARTITIONS = (
+    "debug|up|0/3/0/3|2|6428|gpu:2|infinite|debug*",
+    "short|up|0/3/0/3|2|6428|gpu:2|30:00|short",
+)
 
 
 @dataclass
@@ -45,6 +50,7 @@ class FakeSlurm:
     accounting: bool = False  # sacct answers (else only scontrol remembers ended jobs)
     refuse_submit: str | None = None  # sbatch's error message, if it refuses
     node_reasons: dict[str, str] = field(default_factory=dict)
+    partitions: list[str] = field(default_factory=lambda: list(TESTBED_PARTITIONS))
     calls: list[tuple[str, ...]] = field(default_factory=list)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(100))
 
@@ -144,7 +150,7 @@ class FakeSlurm:
         if "-R" in argv:
             lines = [f"{node}|{why}" for node, why in self.node_reasons.items()]
             return _result(argv, 0, "".join(line + "\n" for line in lines))
-        return _result(argv, 0, "debug|up|0/3/0/3|2|6000|gpu:2|infinite|debug*\n")
+        return _result(argv, 0, "".join(line + "\n" for line in self.partitions))
 
     def _visible(self) -> list[FakeJob]:
         return [j for j in self.jobs.values() if not j.forgotten]

@@ -16,11 +16,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .paths import ARTIFACTS
 from .waiting import wait_for
 
 RUN = Path("/run/jsr-testbed")
 DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def daemon_pid(name: str) -> int:
@@ -74,9 +74,10 @@ def _node_state(node: str) -> str:
     return done.stdout.split()[0] if done.stdout.split() else ""
 
 
-def sshd_sessions(user: str) -> list[int]:
-    """PIDs of the sshd processes serving ``user``'s sessions (children of the daemon)."""
-    daemon = daemon_pid("sshd")
+def sshd_sessions(user: str, daemon: int | None = None) -> list[int]:
+    """PIDs of the sshd processes serving ``user``'s sessions (children of the daemon, by
+    default the login node's)."""
+    daemon = daemon_pid("sshd") if daemon is None else daemon
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -1,9 +1,22 @@
-"""Submitting a rendered job script as the package would, for tests that need a bare job."""
+"""Real Slurm jobs on the testbed: submitting a rendered job script, and asking Slurm (as root,
+who sees every user's jobs) about a job.
+
+Two views of a job's state, named for what they show:
+
+- :func:`queue_state`: squeue's default view, pending, running or completing; ``""`` as soon as
+  the job ended;
+- :func:`last_state`: also the end state (COMPLETED, CANCELLED, …) for as long as slurmctld
+  remembers the job (MinJobAge, 30 s on the testbed); ``""`` after that.
+"""
 
 from __future__ import annotations
 
+import subprocess
+
 from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.transport import Transport
+
+from .testbed import USER, runuser
 
 
 async def submit_script(transport: Transport, script: str, job_dir: str) -> str:
@@ -12,3 +25,47 @@ async def submit_script(transport: Transport, script: str, job_dir: str) -> str:
     path = f"{job_dir}/job.sbatch"
     await transport.write_file(path, script, 0o700)
     return await SlurmClient(transport).submit(path)
+
+
+def _squeue(*argv: str) -> str:
+    done = subprocess.run(["squeue", "-h", *argv], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def queue_state(job_id: str) -> str:
+    """The job's state while it is queued, running or completing; ``""`` once it ended."""
+    return _squeue("-j", job_id, "-o", "%T")
+
+
+def last_state(job_id: str) -> str:
+    """The job's state, its end state included while slurmctld remembers it."""
+    return _squeue("-t", "all", "-j", job_id, "-o", "%T")
+
+
+def in_queue(job_id: str) -> bool:
+    """squeue still lists the job: pending, running, or completing (its processes ending)."""
+    return queue_state(job_id) != ""
+
+
+def pending_or_running(job_id: str) -> bool:
+    """The job is pending or running: neither ended nor completing."""
+    return queue_state(job_id) not in ("", "COMPLETING")
+
+
+def jobs_named(name: str, user: str = USER) -> list[str]:
+    """Ids of ``user``'s jobs called ``name``, queued, running or recently ended."""
+    out = subprocess.run(
+        [*runuser(user), "squeue", "-h", "-t", "all", "-n", name, "-o", "%i"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return out.split()
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict (Key=Value pairs)."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], check=True, capture_output=True, text=True
+    ).stdout
+    return dict(item.split("=", 1) for item in out.split() if "=" in item)

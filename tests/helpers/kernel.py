@@ -8,16 +8,16 @@ a second line with the state, then sleeps until killed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
 
+from .paths import child_environment
+
 _PROGRAM = """
-import json, sys, time
-sys.path.insert(0, {root!r})
-from tests.clusters import cluster_spec
+import json, time
+from tests.helpers.clusters import cluster_spec
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
@@ -63,16 +63,13 @@ def start_kernel(
     env: dict[str, str] | None = None,
     **spec: object,
 ) -> Kernel:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    program = _PROGRAM.format(
-        root=root, spec=spec, prefix=prefix, state=state_dir, wait=wait, connect=connect
-    )
+    program = _PROGRAM.format(spec=spec, prefix=prefix, state=state_dir, wait=wait, connect=connect)
     process = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(program)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env=child_environment(env),
     )
     kernel = Kernel(process, "", "", "")
     first = kernel.next_line()

@@ -3,7 +3,7 @@
 killed; a squatter keeps trying to take the forwards' local ports and records what reaches
 it. Prints one JSON object with what it saw.
 
-Usage: laptop_drop.py STATE_DIR SSHD_DAEMON_PID
+Usage: python -m tests.helpers.laptop_drop STATE_DIR SSHD_DAEMON_PID
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import textwrap
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import ray
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.transport import SSHTransport
-from tests.clusters import cluster_spec
+
+from .clusters import cluster_spec
+from .faults import sshd_sessions
+from .testbed import ssh_transport, testbed_from_environment
 
 SQUATTER = """
 import json, socket, sys, time
@@ -54,32 +54,11 @@ print(json.dumps({"bound": bound, "received": received.decode("latin-1")}))
 """
 
 
-def sshd_sessions(user: str, daemon: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if ppid == daemon and cmdline.startswith(f"sshd: {user}"):
-            found.append(int(entry.name))
-    return found
-
-
 def main() -> None:
-    env = os.environ
-    user, daemon = env["JSR_USER"], int(sys.argv[2])
-    transport = SSHTransport(
-        env["JSR_SSH_HOST"],
-        username=user,
-        client_keys=[env[f"JSR_KEY_{user}"]],
-        known_hosts=env["JSR_KNOWN_HOSTS"],
-        agent_path=None,
-        connect_timeout=5,
-    )
+    testbed = testbed_from_environment()
+    assert testbed is not None, "run inside the testbed (JSR_* variables)"
+    user, daemon = testbed.user, int(sys.argv[2])
+    transport = ssh_transport(testbed)
     cluster = SlurmRayCluster(
         cluster_spec(idle_timeout=20), transport, registry=Registry(sys.argv[1]), poll_interval=1
     )

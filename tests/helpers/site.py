@@ -9,30 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-VENV = sys.prefix
-USER = os.environ.get("JSR_USER", "alice")
+from .paths import VENV_ACTIVATE, VENV_PYTHON
+from .testbed import USER, runuser
 
 PROFILES = f"""
 [profiles.testbed]
 description = "a small cluster on the project's testbed, Ray from the test venv"
-python = "{VENV}/bin/python"
-setup = ["source {VENV}/bin/activate"]
+python = "{VENV_PYTHON}"
+setup = ["{VENV_ACTIVATE}"]
 object_store_memory = "200M"
 cpus_per_node = 1
 time = "10"
 
 [profiles.gpu-small]
 description = "one fake GPU per node"
-python = "{VENV}/bin/python"
-setup = ["source {VENV}/bin/activate"]
+python = "{VENV_PYTHON}"
+setup = ["{VENV_ACTIVATE}"]
 object_store_memory = "200M"
 cpus_per_node = 1
 gpus_per_node = 1
@@ -51,7 +49,7 @@ def site_environment(directory: Path) -> dict[str, str]:
     return {
         "JUPYTER_SLURM_RAY_STATE_DIR": str(directory / "state"),
         "JUPYTER_SLURM_RAY_PROFILES_FILE": str(write_profiles(directory)),
-        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": f"runuser -u {USER} --",
+        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": " ".join(runuser(USER)),
         "JUPYTER_SLURM_RAY_POLL_INTERVAL": "0.5",
     }
 
@@ -60,9 +58,9 @@ def kernel_environment(directory: Path) -> dict[str, str]:
     """Site settings as variables only (no profile): what scripts/quickstart sets for kernels."""
     return {
         "JUPYTER_SLURM_RAY_STATE_DIR": str(directory / "state"),
-        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": f"runuser -u {USER} --",
-        "JUPYTER_SLURM_RAY_PYTHON": f"{VENV}/bin/python",
-        "JUPYTER_SLURM_RAY_SETUP": f"source {VENV}/bin/activate",
+        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": " ".join(runuser(USER)),
+        "JUPYTER_SLURM_RAY_PYTHON": str(VENV_PYTHON),
+        "JUPYTER_SLURM_RAY_SETUP": VENV_ACTIVATE,
         "JUPYTER_SLURM_RAY_OBJECT_STORE_MEMORY": "200M",
         "JUPYTER_SLURM_RAY_CPUS_PER_NODE": "1",
     }
@@ -96,22 +94,3 @@ def cancel_recorded_jobs(state_dir: Path) -> None:
     ids = recorded_job_ids(state_dir)
     if ids:
         subprocess.run(["scancel", *ids], check=False, capture_output=True)
-
-
-def jobs_named(name: str) -> list[str]:
-    """Ids of the test user's jobs called ``name``, queued, running or recently ended."""
-    out = subprocess.run(
-        ["runuser", "-u", USER, "--", "squeue", "-h", "-t", "all", "-n", name, "-o", "%i"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return out.split()
-
-
-def job_fields(job_id: str) -> dict[str, str]:
-    """``scontrol show job`` as a dict (Key=Value pairs)."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], check=True, capture_output=True, text=True
-    ).stdout
-    return dict(item.split("=", 1) for item in out.split() if "=" in item)

@@ -25,11 +25,11 @@ from typing import Any
 
 from jupyter_slurm_ray.shipping import bootstrap_files
 
-REPO = Path(__file__).resolve().parents[1]
+from .jobs import in_queue, queue_state
+from .paths import REPO, VENV_ACTIVATE, VENV_PYTHON
+from .testbed import USER, runuser
+
 BOOTSTRAP_DIR = REPO / "jupyter_slurm_ray" / "bootstrap"  # run as `python BOOTSTRAP_DIR ...`
-VENV = Path("/opt/jupyter-slurm-ray/venv")
-VENV_PYTHON = VENV / "bin" / "python"
-USER = os.environ.get("JSR_USER", "alice")
 JOBS_ROOT = Path(f"/home/{USER}/.jupyter-slurm-ray/test-jobs")
 NODE_NETNS = "/run/netns/jsr-node{}"
 QUEUE_TIMEOUT = 300.0  # other test suites share the testbed's nodes
@@ -43,7 +43,7 @@ SBATCH_TEMPLATE = """#!/bin/bash
 {setup}
 exec {python} {head}
 """
-DEFAULT_SETUP = f"source {VENV}/bin/activate"
+DEFAULT_SETUP = VENV_ACTIVATE
 
 
 def bootstrap_module(name: str) -> ModuleType:
@@ -53,16 +53,15 @@ def bootstrap_module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def as_user(*argv: str, user: str = USER, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+def run_as_user(*argv: str, user: str = USER, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``user`` (checked, output captured as text)."""
     kwargs.setdefault("check", True)
-    return subprocess.run(
-        ["runuser", "-u", user, "--", *argv], capture_output=True, text=True, **kwargs
-    )
+    return subprocess.run([*runuser(user), *argv], capture_output=True, text=True, **kwargs)
 
 
 def write_as_user(path: Path, content: str, mode: int = 0o600) -> None:
     script = 'umask 077; cat > "$1" && chmod "$2" "$1"'
-    as_user("sh", "-c", script, "sh", str(path), f"{mode:o}", input=content)
+    run_as_user("sh", "-c", script, "sh", str(path), f"{mode:o}", input=content)
 
 
 @dataclass
@@ -79,7 +78,7 @@ class JobDir:
     def create(cls, nodes: int = 1, parent: Path = JOBS_ROOT, **settings: Any) -> JobDir:
         cluster_id = "t" + uuid.uuid4().hex[:10]
         path = parent / cluster_id
-        as_user("sh", "-c", 'umask 077; mkdir -p "$1"', "sh", str(path))
+        run_as_user("sh", "-c", 'umask 077; mkdir -p "$1"', "sh", str(path))
         config = {
             "cluster_id": cluster_id,
             "nodes": nodes,
@@ -98,7 +97,7 @@ class JobDir:
         }
         config.update(settings)
         job = cls(path, config)
-        as_user("sh", "-c", 'umask 077; mkdir "$1"', "sh", str(path / "bootstrap"))
+        run_as_user("sh", "-c", 'umask 077; mkdir "$1"', "sh", str(path / "bootstrap"))
         for name, text in bootstrap_files().items():  # what the client ships
             write_as_user(path / "bootstrap" / name, text, 0o600)
         write_as_user(path / "ray_token", secrets.token_hex(32) + "\n", 0o600)
@@ -129,7 +128,7 @@ class JobDir:
         )
         write_as_user(self.path / "job.sbatch", script, 0o700)
         self.submitted_at = time.monotonic()
-        done = as_user("sbatch", "--parsable", str(self.path / "job.sbatch"))
+        done = run_as_user("sbatch", "--parsable", str(self.path / "job.sbatch"))
         self.job_id = done.stdout.strip().split(";")[0]
         return self.job_id
 
@@ -183,7 +182,7 @@ class JobDir:
         write_as_user(self.path / "detached", "", 0o600)
 
     def diagnostics(self) -> str:
-        parts = [f"job {self.job_id} state {job_state(self.job_id)!r}"]
+        parts = [f"job {self.job_id} state {queue_state(self.job_id)!r}"]
         parts += [json.dumps(e)[:600] for e in self.events()]
         for path in sorted(self.path.glob("slurm-*")) + sorted(self.path.glob("logs/*")):
             parts.append(f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-15:]))
@@ -211,28 +210,20 @@ def user_uid(user: str = USER) -> int:
     return pwd.getpwnam(user).pw_uid
 
 
-def job_state(job_id: str) -> str:
-    """squeue's state of a job, "" once it has left the queue."""
-    done = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip()
-
-
 def wait_until_gone(job_id: str, timeout: float) -> float:
     """Seconds until the job left squeue (raises if it did not within timeout)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        if job_state(job_id) in ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"):
+        if not in_queue(job_id):
             return time.monotonic() - started
         time.sleep(0.2)
-    raise AssertionError(f"job {job_id} still {job_state(job_id)!r} after {timeout} s")
+    raise AssertionError(f"job {job_id} still {queue_state(job_id)!r} after {timeout} s")
 
 
 def scancel(*job_ids: str, options: tuple[str, ...] = ()) -> None:
     ids = [j for j in job_ids if j]
     if ids:
-        as_user("scancel", *options, *ids, check=False)
+        run_as_user("scancel", *options, *ids, check=False)
 
 
 def processes_matching(markers: list[str]) -> list[tuple[int, str]]:
@@ -264,7 +255,7 @@ def wait_no_processes(markers: list[str], timeout: float) -> float:
 
 def cancel_leftovers(jobs: list[JobDir]) -> None:
     """Cancel whatever of jobs still runs and wait until Slurm forgot it."""
-    running = [job.job_id for job in jobs if job.job_id and job_state(job.job_id)]
+    running = [job.job_id for job in jobs if job.job_id and queue_state(job.job_id)]
     scancel(*running)
     for job_id in running:
         wait_until_gone(job_id, 30)

@@ -1,27 +1,26 @@
 """A notebook session on the laptop side: SSH to the login node, up, tasks, dashboard, down.
 
 Run by tests/test_cluster_ssh.py inside the host ("laptop") network namespace, which reaches
-only the login node's sshd. Prints one JSON object with what it saw.
+only the login node's sshd, as ``python -m tests.helpers.laptop_session STATE_DIR``. Prints one
+JSON object with what it saw.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(__file__))
-
 import ray
-from clusters import ONE_TASK_PER_NODE, cluster_spec
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.transport import SSHTransport
+
+from .clusters import ONE_TASK_PER_NODE, cluster_spec
+from .testbed import ssh_transport, testbed_from_environment
 
 
 def can_reach_directly(host: str, port: int) -> bool:
@@ -43,15 +42,9 @@ def dashboard_status(url: str, token: str | None) -> int:
 
 
 def main() -> None:
-    env = os.environ
-    user = env["JSR_USER"]
-    transport = SSHTransport(
-        env["JSR_SSH_HOST"],
-        username=user,
-        client_keys=[env[f"JSR_KEY_{user}"]],
-        known_hosts=env["JSR_KNOWN_HOSTS"],
-        agent_path=None,
-    )
+    testbed = testbed_from_environment()
+    assert testbed is not None, "run inside the testbed (JSR_* variables)"
+    transport = ssh_transport(testbed)
     cluster = SlurmRayCluster(
         cluster_spec(nodes=2), transport, registry=Registry(sys.argv[1]), poll_interval=1
     )

@@ -14,7 +14,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,14 +21,15 @@ from pathlib import Path
 
 import requests
 
+from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.connect import ConnectionInfo
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 
-VENV = Path(sys.executable).parent.parent
-VENV_PYTHON = str(VENV / "bin" / "python")
+from .clusters import cluster_spec
+from .paths import VENV_PYTHON
+from .testbed import runuser
 
 
 def free_port() -> int:
@@ -73,7 +73,7 @@ def server_environment(root: Path, user: str, **extra: str) -> dict[str, str]:
         "JUPYTER_DATA_DIR": str(root / "data"),
         "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
         "JUPYTER_SLURM_RAY_STATE_DIR": str(root / "state"),
-        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": f"runuser -u {user} --",
+        "JUPYTER_SLURM_RAY_COMMAND_PREFIX": " ".join(runuser(user)),
         "JUPYTER_SLURM_RAY_PROFILES_FILE": str(root / "profiles.toml"),
         "JUPYTER_PLATFORM_DIRS": "1",
     }
@@ -92,7 +92,7 @@ def jupyter_server(
     port = free_port()
     log_path = root / f"{app}.log"
     argv = [
-        VENV_PYTHON,
+        str(VENV_PYTHON),
         "-m",
         app,
         "--no-browser",
@@ -139,27 +139,11 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
             proc.wait(5)
 
 
-def test_spec(name: str) -> ClusterSpec:
-    """One node, one CPU, a small object store: the testbed's CPUs are shared."""
-    return ClusterSpec(
-        name=name,
-        nodes=1,
-        time="10",
-        cpus_per_node=1,
-        python=VENV_PYTHON,
-        setup=[f"source {VENV}/bin/activate"],
-        object_store_memory="200M",
-    )
-
-
-test_spec.__test__ = False  # type: ignore[attr-defined]  # not a test, despite its name
-
-
 def start_cluster(state_dir: Path, user: str, name: str) -> SlurmRayCluster:
     """A READY cluster (no Ray Client: the proxy needs none), recorded in ``state_dir``."""
     cluster = SlurmRayCluster(
-        test_spec(name),
-        LocalTransport(["runuser", "-u", user, "--"]),
+        cluster_spec(name=name, nodes=1),
+        LocalTransport(runuser(user)),
         registry=Registry(state_dir),
     )
     try:
@@ -185,8 +169,6 @@ class Head:
 
 def head_of(cluster: SlurmRayCluster) -> Head:
     read = cluster.transport.read_file
-    from jupyter_slurm_ray.aio import run_sync
-
     info = ConnectionInfo.from_json(run_sync(read(f"{cluster.job_dir}/connection.json")))
     token = run_sync(read(f"{cluster.job_dir}/ray_token")).strip()
     return Head(f"http://{info.head_ip}:{info.dashboard_port}/", token, info)
@@ -194,18 +176,9 @@ def head_of(cluster: SlurmRayCluster) -> Head:
 
 def dashboard_log(cluster: SlurmRayCluster) -> str:
     """The head's dashboard logs (all of them), read as the cluster's user."""
-    from jupyter_slurm_ray.aio import run_sync
-
     text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
     temp_dir = json.loads(text).get("temp_dir")
     if not temp_dir:
         raise AssertionError(f"connection.json names no temp_dir: {text}")
     argv = ["sh", "-c", 'cat -- "$1"/session_latest/logs/dashboard*', "sh", temp_dir]
     return run_sync(cluster.transport.run(argv, check=False)).stdout
-
-
-def squeue_has(job_id: str) -> bool:
-    out = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return out not in ("", "COMPLETED", "CANCELLED", "COMPLETING")

@@ -1,4 +1,5 @@
-"""Helpers for tests that start real Ray clusters on the testbed."""
+"""Real Ray clusters on the testbed: the spec every test cluster starts from, the processes a
+cluster left, and Ray Client sessions in subprocesses (so the test process stays clean)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,28 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from jupyter_slurm_ray.spec import ClusterSpec
 
-VENV_PYTHON = "/opt/jupyter-slurm-ray/venv/bin/python"
+from .jobs import in_queue
+from .paths import VENV_ACTIVATE, VENV_PYTHON
+from .waiting import wait_for
 
-#: What a test cluster needs on this testbed: the venv's Ray, small footprint.
+#: What a test cluster needs on this testbed: the venv's Ray, a small footprint (one CPU a
+#: node, a small object store: other tests share the testbed's CPUs).
 TEST_SPEC = dict(
     time="10",
     cpus_per_node=1,
-    python=VENV_PYTHON,
-    setup=["source /opt/jupyter-slurm-ray/venv/bin/activate"],
+    python=str(VENV_PYTHON),
+    setup=[VENV_ACTIVATE],
     object_store_memory="200M",
     start_timeout=180,
 )
 
 
 def cluster_spec(**overrides) -> ClusterSpec:
+    """A test cluster's spec: :data:`TEST_SPEC` with ``overrides``."""
     return ClusterSpec(**{**TEST_SPEC, **overrides})
 
 
@@ -50,19 +54,13 @@ def processes_of(job_dir: str) -> list[int]:
     return found
 
 
-def squeue_has(job_id: str) -> bool:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True)
-    return job_id in out.stdout.split()
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+def wait_until_nothing_left(job_id: str, job_dir: str, timeout: float = 40.0) -> float:
+    """Seconds until the job left squeue and no process of the cluster is left on any node
+    (AssertionError after ``timeout`` s for the job, and 30 s more for the processes)."""
+    started = time.monotonic()
+    wait_for(lambda: not in_queue(job_id), timeout, f"job {job_id} to leave squeue")
+    wait_for(lambda: not processes_of(job_dir), 30, "the cluster's processes to end")
+    return time.monotonic() - started
 
 
 def ray_in_subprocess(

@@ -1,6 +1,7 @@
-"""Where the dashboard of a registered cluster is, and its Ray token, for the dashboard proxy.
+"""Where the dashboard of a registered cluster is (its *backend*), and its Ray token, for the
+dashboard proxy.
 
-The only source of a proxy target is the registry: a cluster id maps to the head address and
+The only source of a proxy backend is the registry: a cluster id maps to the head address and
 dashboard port written by the bootstrap (``connection.json`` in the job dir), reached directly on
 the login node or through an SSH forward. Nothing in a request can name a host or a port.
 The token stays in this process; it is never logged and never sent to the browser.
@@ -14,7 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..connect import ConnectionInfo
-from ..errors import RegistryError, SlurmRayError, UnknownTarget
+from ..errors import (
+    DashboardUnavailable,
+    NotFound,
+    RegistryError,
+    SlurmRayError,
+    UnknownTarget,
+)
 from ..jobdir import JobDir
 from ..registry import ClusterRecord, Registry
 from ..states import State, Status
@@ -26,16 +33,8 @@ TransportLookup = Callable[[ClusterRecord], Transport]
 StatusLookup = Callable[[str], Awaitable[Status | None]]
 
 
-class UnknownCluster(SlurmRayError):
-    """No cluster with that id in the registry (the proxy answers 404)."""
-
-
-class DashboardUnavailable(SlurmRayError):
-    """The cluster exists but its dashboard cannot be reached now (the proxy answers 503)."""
-
-
 @dataclass(frozen=True)
-class DashboardTarget:
+class DashboardBackend:
     """The address the proxy connects to for one cluster, and the token it injects."""
 
     cluster_id: str
@@ -52,7 +51,7 @@ class _Cached:
     forward: Forward
 
 
-class DashboardTargets:
+class DashboardBackends:
     """Resolves a cluster id to its dashboard, per request, with per-job caching."""
 
     def __init__(
@@ -67,7 +66,7 @@ class DashboardTargets:
         self._cache: dict[str, _Cached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def resolve(self, cluster_id: str) -> DashboardTarget:
+    async def resolve(self, cluster_id: str) -> DashboardBackend:
         record = self._record(cluster_id)
         await self._refuse_ended(record)
         lock = self._locks.setdefault(cluster_id, asyncio.Lock())
@@ -85,7 +84,7 @@ class DashboardTargets:
                 info = cached.info
                 cached.forward = await transport.forward(info.head_ip, info.dashboard_port)
         fwd = cached.forward
-        return DashboardTarget(cluster_id, fwd.local_host, fwd.local_port, cached.token)
+        return DashboardBackend(cluster_id, fwd.local_host, fwd.local_port, cached.token)
 
     async def _refuse_ended(self, record: ClusterRecord) -> None:
         """DashboardUnavailable when the cluster ended, by its record or by what Slurm says
@@ -114,7 +113,7 @@ class DashboardTargets:
         except SlurmRayError:  # not even a cluster id
             record = None
         if record is None:
-            raise UnknownCluster(f"no cluster {cluster_id!r}")
+            raise NotFound(f"no cluster {cluster_id!r}")
         return record
 
     async def _load(self, record: ClusterRecord, transport: Transport) -> _Cached:

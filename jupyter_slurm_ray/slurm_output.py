@@ -1,0 +1,294 @@
+"""Slurm's output formats, parsed: JobInfo from squeue / sacct / scontrol, Partition from
+sinfo, durations, timestamps, exit codes and host lists. Pure functions, no commands run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+log = logging.getLogger(__name__)
+
+#: States after which a job never runs again.
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+
+SQUEUE_FIELDS = ("%i", "%T", "%D", "%S", "%L", "%l", "%N", "%j", "%k", "%r")
+SQUEUE_FORMAT = "|".join(SQUEUE_FIELDS)
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Start,Timelimit,JobName"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What Slurm says about one job at one moment."""
+
+    job_id: str
+    state: str
+    reason: str | None = None
+    nodes: tuple[str, ...] = ()
+    node_count: int = 0
+    start_time: datetime | None = None  # actual, or Slurm's estimate while PENDING
+    time_left: int | None = None  # seconds; None when unknown or unlimited
+    time_limit: int | None = None
+    name: str = ""
+    exit_code: int | None = None
+    source: str = "squeue"
+    comment: str = ""
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def is_pending(self) -> bool:
+        return self.state == "PENDING"
+
+    @property
+    def is_running(self) -> bool:
+        return self.state in {"RUNNING", "CONFIGURING", "COMPLETING"}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition as the widget's dropdown shows it."""
+
+    name: str
+    available: bool
+    idle_nodes: int
+    total_nodes: int
+    cpus_per_node: int
+    memory_mb: int
+    gres: tuple[str, ...] = ()
+    max_time: int | None = None  # seconds; None = unlimited
+    is_default: bool = False
+    gpus_per_node: int = field(default=0)
+
+
+def parse_squeue_line(line: str) -> JobInfo | None:
+    parts = line.split("|", len(SQUEUE_FIELDS) - 1)
+    if len(parts) != len(SQUEUE_FIELDS):
+        log.warning("unexpected squeue line: %r", line)
+        return None
+    job_id, state, count, start, left, limit, nodelist, name, comment, reason = (
+        p.strip() for p in parts
+    )
+    return JobInfo(
+        job_id=job_id,
+        state=state.split()[0] if state else "UNKNOWN",
+        reason=None if reason in {"", "None", "(null)"} else reason,
+        nodes=tuple(expand_hostlist(nodelist)),
+        node_count=int(count) if count.isdigit() else 0,
+        start_time=parse_timestamp(start),
+        time_left=parse_duration(left),
+        time_limit=parse_duration(limit),
+        name=name,
+        comment="" if comment == "(null)" else comment,
+    )
+
+
+def parse_sacct(out: str) -> dict[str, JobInfo]:
+    infos: dict[str, JobInfo] = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) < 7 or not parts[0].split(".")[0].isdigit() or "." in parts[0]:
+            continue
+        job_id, state, exit_code, nodelist, start, limit, name = parts[:7]
+        infos[job_id] = JobInfo(
+            job_id=job_id,
+            state=state.split()[0] if state else "UNKNOWN",  # "CANCELLED by 1000"
+            nodes=tuple(expand_hostlist(nodelist)),
+            node_count=len(expand_hostlist(nodelist)),
+            start_time=parse_timestamp(start),
+            time_limit=parse_duration(limit),
+            name=name,
+            exit_code=parse_exit_code(exit_code),
+            source="sacct",
+        )
+    return infos
+
+
+def parse_scontrol_job(out: str) -> JobInfo | None:
+    """One ``scontrol show job -o`` line (``Key=Value`` pairs) → JobInfo."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", out))
+    if "JobId" not in fields:
+        return None
+    nodes = expand_hostlist(fields.get("NodeList", ""))
+    return JobInfo(
+        job_id=fields["JobId"],
+        state=fields.get("JobState", "UNKNOWN"),
+        nodes=tuple(nodes),
+        node_count=len(nodes),
+        start_time=parse_timestamp(fields.get("StartTime", "")),
+        time_limit=parse_duration(fields.get("TimeLimit", "")),
+        name=fields.get("JobName", ""),
+        exit_code=parse_exit_code(fields.get("ExitCode", "")),
+        source="scontrol",
+    )
+
+
+def merge_final(live: JobInfo | None, history: JobInfo | None) -> JobInfo | None:
+    if live is None:
+        return history
+    if history is None:
+        return live
+    # squeue knows the nodes and limits best; accounting (or scontrol) knows the exit code.
+    source = f"{live.source}+{history.source}"
+    return JobInfo(**{**live.__dict__, "exit_code": history.exit_code, "source": source})
+
+
+def parse_sinfo(out: str) -> list[Partition]:
+    """Aggregate sinfo's per-(partition, node shape) lines into one entry per partition."""
+    merged: dict[str, Partition] = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 8:
+            continue
+        name, avail, counts, cpus, mem, gres, limit, pname = parts
+        alloc_idle_other_total = [int(x) for x in counts.split("/") if x.isdigit()]
+        if len(alloc_idle_other_total) != 4:
+            continue
+        _, idle, _, total = alloc_idle_other_total
+        gres_items = tuple(g for g in gres.split(",") if g and g != "(null)")
+        entry = Partition(
+            name=name,
+            available=avail == "up",
+            idle_nodes=idle,
+            total_nodes=total,
+            cpus_per_node=_leading_int(cpus),
+            memory_mb=_leading_int(mem),
+            gres=gres_items,
+            max_time=parse_duration(limit),
+            is_default=pname.endswith("*"),
+            gpus_per_node=_gpus_in(gres_items),
+        )
+        previous = merged.get(name)
+        if previous is not None:
+            entry = Partition(
+                **{
+                    **entry.__dict__,
+                    "idle_nodes": previous.idle_nodes + idle,
+                    "total_nodes": previous.total_nodes + total,
+                    "cpus_per_node": min(previous.cpus_per_node, entry.cpus_per_node),
+                    "memory_mb": min(previous.memory_mb, entry.memory_mb),
+                    "gres": tuple(dict.fromkeys(previous.gres + entry.gres)),
+                }
+            )
+        merged[name] = entry
+    return list(merged.values())
+
+
+def _leading_int(text: str) -> int:
+    match = re.match(r"\d+", text)
+    return int(match.group()) if match else 0
+
+
+def _gpus_in(gres: Sequence[str]) -> int:
+    for item in gres:
+        match = re.match(r"gpu(?::[^:(]+)?:(\d+)", item)
+        if match:
+            return int(match.group(1))
+    return 0
+
+
+_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(?:(\d+):)?(\d+)$")
+
+
+def parse_duration(text: str) -> int | None:
+    """Seconds in a duration as Slurm prints it (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``)."""
+    text = text.strip()
+    if text.isdigit():  # a bare number is minutes to Slurm (sacct -c prints limits so)
+        return int(text) * 60
+    match = _DURATION.match(text)
+    if not match:
+        return None  # UNLIMITED, NOT_SET, INVALID, N/A
+    days, a, b, c = match.groups()
+    fields = [int(x) for x in (a, b, c) if x is not None]
+    while len(fields) < 3:
+        fields.insert(0, 0)
+    hours, minutes, seconds = fields
+    if days is not None and b is None and a is not None:
+        # "D-HH:MM" is not printed by Slurm; "D-HH:MM:SS" is. Keep the common reading.
+        hours, minutes, seconds = fields[1], fields[2], 0
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    text = text.strip()
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None  # N/A, Unknown, None
+
+
+def parse_exit_code(text: str) -> int | None:
+    """``"2:0"`` → 2; ``"0:15"`` (killed by signal 15) → 128 + 15."""
+    code, _, sig = text.strip().partition(":")
+    if not code.isdigit():
+        return None
+    if sig.isdigit() and int(sig) and not int(code):
+        return 128 + int(sig)
+    return int(code)
+
+
+_HOST_RANGE = re.compile(r"\[([^\]]+)\]")
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """``"node[1-3,7],gpu01"`` → ``["node1", "node2", "node3", "node7", "gpu01"]``.
+
+    Written here rather than running ``scontrol show hostnames`` once per job on every poll.
+    """
+    hostlist = hostlist.strip()
+    if not hostlist or hostlist in {"(null)", "None assigned", "N/A"}:
+        return []
+    hosts: list[str] = []
+    for item in _split_top_level(hostlist):
+        hosts.extend(_expand_one(item))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    return [i for i in items if i]
+
+
+def _expand_one(item: str) -> list[str]:
+    match = _HOST_RANGE.search(item)
+    if not match:
+        return [item]
+    prefix, suffix = item[: match.start()], item[match.end() :]
+    expanded = []
+    for part in match.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        if not hi:
+            names = [lo]
+        else:
+            width = len(lo)
+            names = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+        for name in names:
+            expanded.extend(_expand_one(prefix + name + suffix))
+    return expanded

@@ -1,0 +1,69 @@
+"""The bootstrap judges its owner by the lease: stale only after the idle timeout without a
+change, and a job whose owner is already gone starts nothing. Pure: a tmp job dir."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from ..helpers.bootstrap import bootstrap_module, lease_json
+
+jsr_events = bootstrap_module("jsr_events")
+
+
+def test_lease_watch_judges_content_changes(tmp_path: Path, monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(jsr_events.time, "monotonic", lambda: clock[0])
+    (tmp_path / "lease").write_text("1")
+    watch = jsr_events.LeaseWatch(tmp_path, idle_timeout=10)
+    clock[0] += 9
+    assert not watch.stale()
+    (tmp_path / "lease").write_text("2")  # a change restarts the clock
+    clock[0] += 9
+    assert not watch.stale()  # seen at 1018
+    clock[0] += 9
+    assert not watch.stale()
+    clock[0] += 2
+    assert watch.stale()  # unchanged since 1018 for 11 s
+    (tmp_path / "detached").touch()
+    clock[0] += 20
+    assert not watch.stale()
+
+
+def write_lease(path: Path, text: str) -> None:
+    (path / "lease").write_text(text)
+
+
+def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path) -> None:
+    never = lambda: False  # noqa: E731
+    write_lease(tmp_path, lease_json(time.time() - 5))
+    started = time.monotonic()
+    assert jsr_events.owner_gone(tmp_path, 60, never) is None
+    assert time.monotonic() - started < 0.1  # fresh: no waiting
+
+    write_lease(tmp_path, lease_json(time.time() - 3 * 3600 - 5, renew_every=0.2))
+    started = time.monotonic()
+    gone = jsr_events.owner_gone(tmp_path, 60, never)
+    assert 3.3 <= time.monotonic() - started < 4.5  # 2 * renew_every + 3
+    assert gone["reason"] == (
+        "the owner's lease was last renewed 3:00:05 ago (idle_timeout 60 s): "
+        "the owner is gone, Ray was not started"
+    )
+    assert 3 * 3600 < gone["lease_age"] < 3 * 3600 + 7
+
+    write_lease(tmp_path, "4242 17\n")  # the old format has no time: only a change tells
+    gone = jsr_events.owner_gone(tmp_path, 1.0, never)
+    assert gone["lease_age"] is None and "has no renewal time" in gone["reason"]
+    (tmp_path / "lease").unlink()
+    assert "is missing" in jsr_events.owner_gone(tmp_path, 1.0, never)["reason"]
+
+    write_lease(tmp_path, "4242 17\n")
+    renewer = threading.Timer(0.5, write_lease, (tmp_path, "4242 18\n"))
+    renewer.start()
+    assert jsr_events.owner_gone(tmp_path, 2.0, never) is None  # it changed: alive
+    renewer.join()
+    assert jsr_events.owner_gone(tmp_path, 1.0, lambda: True) is None  # scancel meanwhile
+    assert jsr_events.owner_gone(tmp_path, 0, never) is None  # no idle_timeout
+    (tmp_path / "detached").touch()
+    assert jsr_events.owner_gone(tmp_path, 1.0, never) is None

@@ -1,0 +1,220 @@
+"""``%slurm_ray``'s command line, and the subcommands that submit nothing, in a real IPython shell
+on a scripted Slurm: parsing, ``--help``, refused requests in one line, ``config``, ``script``.
+
+Starting clusters from the magics is tested on the real testbed (tests/test_magics.py).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from jupyter_slurm_ray import session as session_module
+from jupyter_slurm_ray.magic_args import SUBCOMMANDS, ArgumentError, HelpRequested, parse
+from jupyter_slurm_ray.magics import SlurmRayMagics
+from jupyter_slurm_ray.registry import Registry
+
+from ..helpers.fakeslurm import FakeSlurm
+
+
+# -- the command line alone -------------------------------------------------------------------
+def test_a_line_parses_into_the_subcommand_and_its_options():
+    args = parse("up -N 2 -p debug -t 1:00:00 -G 1 --name demo --detach --setup 'module load x'")
+    assert (args.command, args.nodes, args.partition, args.time) == ("up", "2", "debug", "1:00:00")
+    assert (args.gpus_per_node, args.name, args.detach) == ("1", "demo", True)
+    assert args.setup == ["module load x"]
+    assert parse("down --all").all and parse("logs ray --tail 5").tail == 5
+
+
+@pytest.mark.parametrize("line", ["", "--help", "up --help", "config -h"])
+def test_help_is_raised_with_the_text_never_printed_nor_exiting(line):
+    with pytest.raises(HelpRequested) as shown:
+        parse(line)
+    assert str(shown.value).startswith("usage: %slurm_ray")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("up --frobnicate", "%slurm_ray up: unrecognized arguments: --frobnicate"),
+        ("launch", "%slurm_ray: argument COMMAND: invalid choice: 'launch'"),
+        ("logs --tail lots", "%slurm_ray logs: argument --tail: invalid int value: 'lots'"),
+        ("attach", "%slurm_ray attach: the following arguments are required: name"),
+        ("up --name 'unclosed", "%slurm_ray: cannot split the line: No closing quotation"),
+    ],
+)
+def test_a_bad_line_is_one_line_naming_the_subcommand(line, message):
+    with pytest.raises(ArgumentError) as refused:
+        parse(line)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_only_up_takes_a_cell_body():
+    assert parse("up -N 1", cell=True).command == "up"
+    with pytest.raises(ArgumentError, match=r"only `%%slurm_ray up …` takes a cell body"):
+        parse("status", cell=True)
+
+
+# -- in an IPython shell ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ipython(tmp_path_factory) -> Iterator[InteractiveShell]:
+    """One IPython shell for this module: no history file, its profile in a tmp dir."""
+    config = Config({"HistoryManager": {"enabled": False}})
+    ipython_dir = tmp_path_factory.mktemp("ipython")
+    shell = InteractiveShell.instance(config=config, ipython_dir=str(ipython_dir))
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+class Shell:
+    """The shell with the magics of a fresh kernel session; ``run`` returns (stdout, stderr,
+    the error the cell raised)."""
+
+    def __init__(self, ip: InteractiveShell, capsys) -> None:
+        self.ip, self.capsys = ip, capsys
+        self.magics = SlurmRayMagics(ip)
+        ip.register_magics(self.magics)
+
+    def run(self, cell: str) -> tuple[str, str, BaseException | None]:
+        self.capsys.readouterr()
+        result = self.ip.run_cell(cell)
+        out, err = self.capsys.readouterr()
+        return out, err, result.error_in_exec
+
+
+@pytest.fixture
+def shell(ipython, site, capsys, monkeypatch) -> Iterator[Shell]:
+    """The magics on the fake site, with the profile ``testbed`` as the default profile."""
+    monkeypatch.setattr(session_module, "_session", None)  # a fresh kernel session
+    shell = Shell(ipython, capsys)
+    shell.run('%config SlurmRay.default_profile = "testbed"')
+    yield shell
+    shell.run("%config SlurmRay.default_profile = None")
+    ipython.config.pop("SlurmRay", None)  # nothing of this test's %config for the next one
+
+
+@pytest.fixture
+def run(shell: Shell):
+    return shell.run
+
+
+@pytest.fixture
+def name() -> str:
+    return "m" + uuid.uuid4().hex[:8]
+
+
+def one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("UsageError: ")
+    return lines[0]
+
+
+def nothing_submitted(slurm: FakeSlurm, name: str) -> bool:
+    return (
+        slurm.jobs == {}
+        and not [call for call in slurm.calls if call[0] == "sbatch"]
+        and not [r for r in Registry().all() if r.name == name]
+    )
+
+
+def test_load_ext_registers_the_magic(ipython, site):
+    ipython.run_line_magic("load_ext", "jupyter_slurm_ray")
+    assert "slurm_ray" in ipython.magics_manager.magics["line"]
+    assert "slurm_ray" in ipython.magics_manager.magics["cell"]
+
+
+@pytest.mark.parametrize("command", ["", *SUBCOMMANDS])
+def test_every_subcommand_has_help(run, command):
+    out, err, error = run(f"%slurm_ray {command} --help")
+    assert error is None and not err
+    assert out.startswith(f"usage: %slurm_ray {command}".rstrip())
+
+
+def test_no_arguments_show_the_commands(run):
+    out, _, error = run("%slurm_ray")
+    assert error is None
+    assert all(command in out for command in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ("--frobnicate", "%slurm_ray up: unrecognized arguments: --frobnicate"),
+        ("-N 0", "nodes: '0' is not allowed; a whole number from 1"),
+        ("-t 25:99", "time: '25:99' is not allowed; a Slurm walltime like"),
+        ("--profile gpu-huge", "profile: 'gpu-huge' is not allowed; a profile defined in"),
+        ("-p nowhere", "partition: 'nowhere' is not allowed; a partition of this cluster: debug"),
+        ("-p short -t 1:00:00", "time: '01:00:00' is not allowed; at most 00:30:00 in partition"),
+        ("-N 4", "nodes: 4 is not allowed; at most 3 in partition"),
+    ],
+)
+def test_a_bad_request_is_one_line_and_submits_nothing(run, slurm, name, options, expected):
+    _, err, error = run(f"%slurm_ray up --name {name} {options}")
+    assert expected in one_line_error(err)
+    assert error is not None
+    assert nothing_submitted(slurm, name)
+
+
+def test_a_cell_body_is_for_up_only(run, slurm):
+    _, err, error = run("%%slurm_ray status\nmodule load ray\n")
+    assert "only `%%slurm_ray up …` takes a cell body" in one_line_error(err)
+    assert error is not None and slurm.calls == []
+
+
+def test_a_malformed_profiles_file_is_one_line_and_submits_nothing(
+    run, slurm, name, tmp_path: Path, monkeypatch
+):
+    bad = tmp_path / "profiles.toml"
+    bad.write_text("[profiles.testbed\nnodes = 1\n")
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_PROFILES_FILE", str(bad))
+    _, err, _ = run(f"%slurm_ray up --name {name}")
+    line = one_line_error(err)
+    assert f"profiles_file: '{bad}' is not allowed; valid TOML" in line
+    assert nothing_submitted(slurm, name)
+
+
+def test_a_missing_walltime_says_how_to_give_one(run, slurm, name):
+    run('%config SlurmRay.default_profile = ""')
+    _, err, _ = run(f"%slurm_ray up --name {name}")
+    assert "a walltime is required: pass -t 1:00:00" in one_line_error(err)
+    assert nothing_submitted(slurm, name)
+
+
+def test_config_shows_each_setting_and_its_source(run, slurm):
+    run('%config SlurmRay.time = "2:00:00"')
+    out, _, error = run("%slurm_ray config -N 2")
+    assert error is None
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert rows["nodes"].endswith("argument")
+    assert rows["time"].endswith("profile testbed")  # the profile beats the config
+    assert rows["python"].endswith("profile testbed")
+    assert rows["poll_interval"].endswith("env JUPYTER_SLURM_RAY_POLL_INTERVAL")
+    assert rows["default_profile"].endswith("config SlurmRay.default_profile")
+    assert rows["account"].endswith("default")
+    assert "gpu-small, testbed" in out
+    assert slurm.calls == []  # config asks Slurm nothing
+
+
+def test_percent_config_sets_a_setting(run, shell):
+    run('%config SlurmRay.account = "proj9"')
+    out, _, _ = run("%slurm_ray config")
+    assert shell.magics.settings.account == "proj9"
+    assert re.search(r"^account\s+'proj9'\s+config SlurmRay.account$", out, re.M)
+
+
+def test_script_shows_the_job_script_and_submits_nothing(run, slurm, name):
+    out, _, error = run(f"%slurm_ray script -N 2 -t 5 -G 1 --name {name} --setup 'echo hi'")
+    assert error is None
+    assert out.startswith("#!/bin/bash\n")
+    for line in ("--nodes=2", "--time=00:05:00", "--gpus-per-node=1", f"--job-name={name}"):
+        assert f"#SBATCH {line}" in out
+    assert "echo hi" in out
+    assert nothing_submitted(slurm, name)

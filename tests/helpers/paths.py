@@ -1,0 +1,24 @@
+"""Where things are: the checkout, the venv the tests run from, test artifacts.
+
+The venv is the one running the tests (``scripts/run-tests`` uses ``$JSR_VENV``, by default
+``/opt/jupyter-slurm-ray/venv``); the testbed's compute nodes run Ray from the same venv.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(sys.prefix)
+VENV_PYTHON = VENV / "bin" / "python"
+VENV_ACTIVATE = f"source {VENV}/bin/activate"  # a setup line: Ray from this venv
+ARTIFACTS = REPO / "test-artifacts"  # screenshots, logs, fault figures (kept by CI)
+
+
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child Python that imports ``tests.helpers`` (run it
+    as ``python -m tests.helpers.NAME`` or ``python -c``), plus ``extra``."""
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **(extra or {})}

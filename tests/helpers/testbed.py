@@ -1,0 +1,70 @@
+"""The real Slurm testbed (``scripts/testbed``) as the tests see it: its users, its SSH login.
+
+The real tier runs as root inside the testbed's login namespace, "on the login node"; it acts
+as the unprivileged test user through ``runuser``, or logs in as that user over SSH.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from jupyter_slurm_ray.transport import SSHTransport
+
+#: The unprivileged test user (``$JSR_USER`` inside the testbed).
+USER = os.environ.get("JSR_USER", "alice")
+
+
+@dataclass(frozen=True)
+class Testbed:
+    __test__ = False  # not a test class, despite its name
+
+    ssh_host: str
+    ssh_port: int
+    known_hosts: str
+    user: str
+    user2: str
+    keys: dict[str, str]
+    nodes: int
+    gpus: int
+
+    def key(self, user: str) -> str:
+        return self.keys[user]
+
+
+def testbed_from_environment() -> Testbed | None:
+    """The testbed ``scripts/testbed exec`` describes in ``JSR_*`` variables; None outside."""
+    env = os.environ
+    if env.get("JSR_TESTBED") != "1":
+        return None
+    users = (env["JSR_USER"], env["JSR_USER2"])
+    return Testbed(
+        ssh_host=env["JSR_SSH_HOST"],
+        ssh_port=int(env.get("JSR_SSH_PORT", "22")),
+        known_hosts=env["JSR_KNOWN_HOSTS"],
+        user=users[0],
+        user2=users[1],
+        keys={u: env[f"JSR_KEY_{u}"] for u in users},
+        nodes=int(env["JSR_NODES"]),
+        gpus=int(env["JSR_GPUS"]),
+    )
+
+
+def runuser(user: str) -> list[str]:
+    """The argv prefix that runs a command as ``user`` (a LocalTransport's command prefix)."""
+    return ["runuser", "-u", user, "--"]
+
+
+def ssh_transport(testbed: Testbed, user: str | None = None, **overrides) -> SSHTransport:
+    """An SSHTransport logging in to the login node as ``user`` (the test user by default)."""
+    user = user or testbed.user
+    options = dict(
+        port=testbed.ssh_port,
+        username=user,
+        client_keys=[testbed.key(user)],
+        known_hosts=testbed.known_hosts,
+        agent_path=None,
+        connect_timeout=5,
+    )
+    options.update(overrides)
+    return SSHTransport(testbed.ssh_host, **options)
