@@ -97,6 +97,10 @@ def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float)
         through = median_ms(lambda p=path: proxy_session.get(proxied + p, headers=jupyter), repeats)
         label = path or "index.html"
         print(f"{label:20}{direct:10.2f}{fresh:16.2f}{through:10.2f}{through / direct:7.2f}")
+    # what any request through Jupyter costs: an authenticated no-op of Jupyter's own API
+    status_url = server.url + "api/status"
+    floor = median_ms(lambda: proxy_session.get(status_url, headers=jupyter), repeats)
+    print(f"{'jupyter api/status':20}{'':26}{floor:10.2f}   (Jupyter's own cost, no proxying)")
     rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
     direct_rate = throughput(head.url + "api/cluster_status", head.headers(), 8, seconds)
     print(

@@ -157,7 +157,8 @@ def run_ours(nodes: int, registry: Registry) -> dict[str, float]:
     started = time.time()
     cluster.up()
     first = {s.state: s.at for s in reversed(cluster.history)}
-    events = {e.get("phase") or e["event"]: e["t"] for e in cluster._events.events if "t" in e}
+    seen = cluster._follower.events.events
+    events = {e.get("phase") or e["event"]: e["t"] for e in seen if "t" in e}
     result = {
         "submit": first[State.PENDING] - started,
         "queue": first[State.STARTING] - first[State.PENDING],

@@ -1,4 +1,5 @@
-"""``jupyter slurm-ray list | down | logs | forget | gc``: the clusters, from a terminal."""
+"""``jupyter slurm-ray list | down | logs | extend | forget | gc``: the clusters, from a
+terminal."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments("down", sub.add_parser("down", help="stop a cluster (or --all)"), NAME_HELP)
     logs = sub.add_parser("logs", help="a cluster's job output, or one node's Ray log")
     add_arguments("logs", logs, NAME_HELP)
+    extend = sub.add_parser(
+        "extend",
+        help="add walltime to a cluster's job: extend NAME +30",
+        description="Runs scontrol update JobId=… TimeLimit=+N. Many sites allow only "
+        "operators to raise a time limit; Slurm's refusal is shown with what to do.",
+    )
+    add_arguments("extend", extend, NAME_HELP)
     gc = sub.add_parser(
         "gc",
         help="cancel our jobs (by their comment tag) that no live record owns",
@@ -78,6 +86,13 @@ def _logs(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     return 0
 
 
+def _extend(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    if not args.name:
+        raise SlurmRayError("give a cluster NAME and the walltime to add, e.g. extend ray +30")
+    print("\n".join(commands.extend(session, args.name, args.amount)))
+    return 0
+
+
 def _forget(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     print("\n".join(commands.forget(session, args.name, ended=args.ended)))
     return 0
@@ -101,6 +116,7 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "list": _list,
     "down": _down,
     "logs": _logs,
+    "extend": _extend,
     "gc": _gc,
     "forget": _forget,
 }

@@ -23,26 +23,27 @@ from dataclasses import replace
 from typing import Any
 
 from . import connect as ray_client
+from . import submission
 from .aio import blocking, run_sync
 from .errors import (
     ClusterTimeout,
     ConnectError,
-    RayStartError,
-    SlurmError,
     SlurmRayError,
     SlurmUnavailable,
+    SpecError,
 )
 from .follow import JobFollower
-from .jobdir import SCRIPT, JobDir, Site, probe_site
-from .jobscript import render_job_script
+from .jobdir import JobDir
 from .lease import Lease
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
+from .startup import wait_until
 from .states import State, Status, record_fields, status_of_record
-from .submission import submit_or_adopt
 from .transport import Forward, LocalTransport, Transport
+from .usage import LIVE_SECONDS, Usage, fetch_usage
+from .walltime import Extension, extend_walltime
 from .watch import Answer, watcher_for
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class SlurmRayCluster:
     >>> cluster.down()          # disconnect, cancel, wait until nothing is left
 
     Every operation is a coroutine ``name_async`` with a blocking twin ``name`` declared next
-    to it: ``up``, ``wait_ready``, ``connect``, ``disconnect``, ``down``, ``close``,
+    to it: ``up``, ``wait_up``, ``wait_ready``, ``connect``, ``disconnect``, ``down``, ``close``,
     ``detach``, ``attach``, ``refresh``, ``logs``, ``script``, ``connection_info``.
     """
 
@@ -74,6 +75,7 @@ class SlurmRayCluster:
         registry: Registry | None = None,
         cluster_id: str | None = None,
         poll_interval: float = 1.0,
+        steady_poll_interval: float = 15.0,
         submit_timeout: float = 60.0,
     ) -> None:
         self.spec = spec
@@ -81,7 +83,8 @@ class SlurmRayCluster:
         self.slurm = SlurmClient(self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
-        self.poll_interval = poll_interval
+        self.poll_interval = poll_interval  # Slurm asked this often while a change is expected
+        self.steady_poll_interval = steady_poll_interval  # ... and this often once up
         self.submit_timeout = submit_timeout
         self.connection: ray_client.ConnectionInfo | None = None
         self.job_dir: str | None = None
@@ -94,6 +97,7 @@ class SlurmRayCluster:
         self._connected = False
         self._stopping = False
         self._detached = False
+        self._recorded = False  # written once: later writes never re-create a forgotten record
         self._stop_notice: str | None = None  # why a stop may take longer
         self._token_path: str | None = None
         self.history: list[Status] = []
@@ -154,6 +158,7 @@ class SlurmRayCluster:
         cluster._detached = record.detached
         cluster.created_at = record.created_at
         cluster._status = status_of_record(record)
+        cluster._recorded = True
         return cluster
 
     async def attach_async(self) -> SlurmRayCluster:
@@ -170,86 +175,104 @@ class SlurmRayCluster:
 
     async def script_async(self) -> str:
         """The job script that ``up()`` would submit (nothing is submitted)."""
-        return self._render(await self._site())
+        job_dir, script = await submission.prepare(self.transport, self.spec, self.id, self.job_dir)
+        self.job_dir = job_dir.path
+        return script
 
     script = blocking(script_async)
 
     async def up_async(
         self,
-        wait: bool = True,
+        wait: bool | str = True,
         *,
         connect: bool = True,
         queue_timeout: float | None = None,
         start_timeout: float | None = None,
     ) -> SlurmRayCluster:
-        """Submit the job; with ``wait``, return once every node joined (and connected)."""
+        """Submit the job; with ``wait``, return once every node joined and (with ``connect``)
+        this process is connected; ``wait="head"`` returns once connected to the head, the
+        workers joining live. The connect starts as soon as the head answers."""
         if self._status.job_id is not None:
             raise SlurmRayError(f"cluster {self.id} was already started (job {self.job_id})")
         self._changed = asyncio.Event()
-        site = await self._site()  # checks the job dir root before anything is written
-        script = self._render(site)
-        job_dir = self._job_dir()
+        # the job dir root is checked before anything is written
+        job_dir, script = await submission.prepare(self.transport, self.spec, self.id)
+        self.job_dir = job_dir.path
         self._save_record()
-        try:
-            await job_dir.create(self.spec, self.id, script=script, lease=self.lease.text())
-        except SlurmRayError:
-            self.registry.delete(self.id)  # nothing was written: leave nothing behind
-            raise
-        job_id = await self._submit(job_dir)
+        job_id = await submission.submit(
+            self.slurm,
+            job_dir,
+            self.spec,
+            self.id,
+            script=script,
+            lease=self.lease.text(),
+            timeout=self.submit_timeout,
+            forget_record=lambda: self.registry.delete(self.id),
+        )
         self._own(job_id)
         self._set_status(replace(self._status, state=State.PENDING, job_id=job_id))
         if wait:
-            await self.wait_ready_async(queue_timeout=queue_timeout, start_timeout=start_timeout)
-            if connect:
-                await self.connect_async()
+            await self.wait_up_async(
+                until="head" if wait == "head" else "ready",
+                connect=connect,
+                queue_timeout=queue_timeout,
+                start_timeout=start_timeout,
+            )
         return self
 
     up = blocking(up_async)
 
+    async def wait_up_async(
+        self,
+        *,
+        until: str = "ready",
+        connect: bool = True,
+        queue_timeout: float | None = None,
+        start_timeout: float | None = None,
+        connect_timeout: float = 30.0,
+    ) -> Status:
+        """Wait for the head, connect (while the workers still join), then wait for every
+        node; ``until="head"`` returns once connected to the head, nodes joining live."""
+        if until not in ("ready", "head"):
+            raise SpecError("until", until, "'ready' (every node) or 'head'")
+        limits = {"queue_timeout": queue_timeout, "start_timeout": start_timeout}
+        follower = self._follower
+        await wait_until(self, lambda s: follower.events.head_ready or s.state.is_up, **limits)
+        connecting = (
+            asyncio.ensure_future(self.connect_async(timeout=connect_timeout)) if connect else None
+        )
+        try:
+            if until == "ready":
+                await self.wait_ready_async(**limits)
+        except BaseException:
+            if connecting is not None:  # the connect runs in a thread: let it end, then undo it
+                with contextlib.suppress(Exception):
+                    await connecting
+                await self.disconnect_async()
+            raise
+        if connecting is not None:
+            await connecting
+        return self._status
+
+    wait_up = blocking(wait_up_async)
+
     async def wait_ready_async(
         self, queue_timeout: float | None = None, start_timeout: float | None = None
     ) -> Status:
-        """Wait for READY. Queue time and Ray start-up time have separate limits."""
-        start_limit = start_timeout if start_timeout is not None else self.spec.start_timeout + 30
-        assert self._changed is not None, "call up() first"
-        queued_since = started_since = None
-        while True:
-            status = self._status
-            if status.state.is_up:
-                return status
-            if status.state.is_final:
-                raise RayStartError(
-                    f"cluster {self.spec.name} is {status.state}: {status.reason}",
-                    status.log_tail,
-                )
-            now = time.monotonic()
-            if status.state in (State.SUBMITTING, State.PENDING):
-                queued_since = queued_since or now
-                if queue_timeout is not None and now - queued_since > queue_timeout:
-                    await self.down_async()
-                    raise ClusterTimeout(
-                        f"job {status.job_id} waited {queue_timeout:g} s in the queue "
-                        f"({status.reason or 'no reason given'}); it was cancelled"
-                    )
-            elif status.slurm_unreachable_since is None:  # Slurm's silence is not Ray's fault
-                started_since = started_since or now
-                if now - started_since > start_limit:
-                    tail = await self.logs_async(tail=30)
-                    await self.down_async()
-                    raise ClusterTimeout(
-                        f"Ray did not come up within {start_limit:g} s of the job starting "
-                        f"(phase: {status.phase}, {status.nodes_joined}/{status.nodes_wanted} "
-                        f"nodes); the job was cancelled.\n{tail}"
-                    )
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 1.0)
+        """Wait until every node joined. Queue time and Ray start-up time have separate limits."""
+        follower = self._follower
+        return await wait_until(
+            self,
+            lambda s: s.state.is_up and follower.events.ready,
+            queue_timeout=queue_timeout,
+            start_timeout=start_timeout,
+        )
 
     wait_ready = blocking(wait_ready_async)
 
     async def connect_async(self, timeout: float = 30.0, attempts: int = 3) -> None:
         """Connect this kernel with Ray Client (through SSH forwards when remote)."""
-        if not self._status.state.is_up:
+        if not (self._status.state.is_up or self._follower.events.head_ready):
             raise ConnectError(f"cluster {self.spec.name} is {self._status.describe()}, not READY")
         info = await self._load_connection()
         ray_client.preflight(info)
@@ -365,46 +388,31 @@ class SlurmRayCluster:
 
     connection_info = blocking(connection_info_async)
 
-    # -- submitting -----------------------------------------------------------------------
-    async def _site(self) -> Site:
-        site = await probe_site(self.transport, self.spec.job_dir_root)
-        self.job_dir = self.job_dir or f"{site.job_dir_root.rstrip('/')}/{self.id}"
-        return site
-
-    def _render(self, site: Site) -> str:
-        job_dir = self._job_dir()
-        command = job_dir.bootstrap_command(self.spec.python)
-        return render_job_script(
-            self.spec,
-            cluster_id=self.id,
-            job_dir=job_dir.path,
-            command=command,
-            exported=site.exported,
-        )
-
-    async def _submit(self, job_dir: JobDir) -> str:
-        try:
-            return await submit_or_adopt(
-                self.slurm, job_dir.file(SCRIPT), self.id, timeout=self.submit_timeout
-            )
-        except SlurmError:  # nothing was queued: leave nothing behind
-            await self._forget_submission(job_dir)
-            raise
-
-    async def _forget_submission(self, job_dir: JobDir) -> None:
-        self.registry.delete(self.id)
-        await job_dir.remove()
-
+    # -- following the job ----------------------------------------------------------------
     def _own(self, job_id: str) -> None:
         """Watch the job and keep its lease from now on (until it ends)."""
         _owned.add(self)
-        watcher = watcher_for(self.transport, self.poll_interval)
-        watcher.watch(job_id, self._on_answer)
-        watcher.poll_soon()
+        watcher = watcher_for(self.transport, self.poll_interval, self.registry.path)
+        watcher.watch(job_id, self._on_answer, pace=self._pace(), tick=self.poll_interval)
         if not self._stopping:
             self.lease.keep(self._job_dir().write_lease)
 
-    # -- following the job ----------------------------------------------------------------
+    def _pace(self) -> float:
+        """Seconds between Slurm's answers this cluster needs now: often while it changes,
+        seldom once up (its own events, read every tick, tell of changes meanwhile)."""
+        state = self._status.state
+        if state.is_up and self._follower.events.ready and not self._stopping:
+            return self.steady_poll_interval
+        if state is State.PENDING:  # its first event (read every tick) tells when it starts
+            return max(self.poll_interval, min(5.0, self.steady_poll_interval))
+        return self.poll_interval
+
+    def _tick(self) -> float:
+        """Seconds between reads of the job's events: often until it is up."""
+        if self._status.state.is_up and self._follower.events.ready and not self._stopping:
+            return self.steady_poll_interval
+        return self.poll_interval
+
     def _job_dir(self) -> JobDir:
         if self.job_dir is None:
             raise SlurmRayError(f"cluster {self.id} has no job dir yet")
@@ -413,6 +421,8 @@ class SlurmRayCluster:
     async def _on_answer(self, answer: Answer) -> None:
         """One poll's news: Slurm's answer (or silence) plus the job's new events."""
         log_tail = await self._follower.observe(answer, self._job_dir(), self.slurm)
+        if self._follower.news_for_slurm and not answer.fresh:  # the job's events say so
+            watcher_for(self.transport).poll_soon()
         if self._follower.events.ready and self.connection is None:
             with contextlib.suppress(SlurmRayError):  # the record then has the head's address
                 await self._load_connection()
@@ -449,6 +459,8 @@ class SlurmRayCluster:
             return
         self._status = status = replace(status, at=time.time())
         self.history.append(status)
+        if status.job_id:
+            watcher_for(self.transport).set_pace(status.job_id, self._pace(), self._tick())
         self._save_record()
         if self._changed is not None:
             self._changed.set()
@@ -477,7 +489,9 @@ class SlurmRayCluster:
             created_at=self.created_at,
         )
         try:
-            self.registry.save(record)
+            if not self.registry.save(record, create=not self._recorded):
+                log.info("the record of %s was forgotten; not writing it again", self.id)
+            self._recorded = True
         except (OSError, SlurmRayError) as exc:
             log.warning("could not save the record of %s: %s", self.id, exc)
 
@@ -507,6 +521,32 @@ class SlurmRayCluster:
             fwd.close()
         self._forwards.clear()
         self._save_record()
+
+    # -- what Slurm's accounting says: usage, and the walltime --------------------------------
+    # (issue 11) Read-only towards the registry: a process that does not own the cluster (the
+    # CLI, another kernel) never rewrites its record from here.
+    def slurm_job_ids(self) -> list[str]:
+        """The Slurm jobs of this cluster (one today; worker jobs may be added)."""
+        return [self._status.job_id] if self._status.job_id else []
+
+    async def usage_async(self) -> Usage:
+        """What the cluster's jobs used (sacct: CPU- and GPU-hours, CPU efficiency, max RSS
+        per node); final once they ended. One sacct, unless this process knows it already."""
+        ended = self._status.state.is_final  # then only a final answer is kept
+        max_age = 0 if ended else LIVE_SECONDS
+        return await fetch_usage(self.transport, self.slurm_job_ids(), max_age=max_age)
+
+    usage = blocking(usage_async)
+
+    async def extend_async(self, amount: str | int) -> Extension:
+        """Add walltime (``"+30"`` minutes, ``"+1:00:00"``) with ``scontrol update``;
+        ExtendRefused with Slurm's words and what to do when the site does not allow it."""
+        extension = await extend_walltime(self.slurm, self._status.job_id, amount)
+        if self in _owned and not self._status.state.is_final:
+            await self.refresh_async()  # the owner keeps its status (and record) current
+        return extension
+
+    extend = blocking(extend_async)
 
 
 @atexit.register

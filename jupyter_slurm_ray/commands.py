@@ -1,5 +1,5 @@
 """What ``%slurm_ray`` and ``jupyter slurm-ray`` both do, written once: list, down, logs,
-forget, gc. Each returns the lines to print; the callers only parse arguments and print."""
+forget, gc, extend. Each returns the lines to print; the callers only parse arguments and print."""
 
 from __future__ import annotations
 
@@ -8,20 +8,22 @@ from collections.abc import Callable
 
 from .aio import run_sync
 from .errors import SlurmRayError
-from .formatting import status_line
+from .formatting import extension_line, status_line
 from .inventory import Entry, Orphan, find_orphans, format_table
 from .session import Session
 from .slurm import SlurmClient
+from .walltime import parse_extension
 
-__all__ = ["add_arguments", "down", "forget", "gc", "list_table", "logs"]
+__all__ = ["add_arguments", "down", "extend", "forget", "gc", "list_table", "logs"]
 
 Confirm = Callable[[Orphan], bool]
 
 NAME_HELP = "a cluster name, id or Slurm job id"
+AMOUNT_HELP = "walltime to add: +30 (minutes) or a Slurm duration like +1:00:00"
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser, name_help: str) -> None:
-    """The arguments ``command`` (down, logs, forget) takes, in the magic and in the CLI."""
+    """The arguments ``command`` (down, logs, forget, extend) takes, in the magic and the CLI."""
     parser.add_argument("name", nargs="?", help=name_help)
     if command == "down":
         parser.add_argument("--all", action="store_true", help="every active cluster")
@@ -30,6 +32,8 @@ def add_arguments(command: str, parser: argparse.ArgumentParser, name_help: str)
         parser.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines")
     elif command == "forget":
         parser.add_argument("--ended", action="store_true", help="every ended cluster")
+    elif command == "extend":
+        parser.add_argument("amount", metavar="AMOUNT", help=AMOUNT_HELP)
 
 
 def list_table(session: Session) -> str:
@@ -56,6 +60,15 @@ def down(session: Session, name: str | None, *, everything: bool = False) -> lis
         cluster.down()
         lines.append(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
     return lines
+
+
+def extend(session: Session, name: str | None, amount: str) -> list[str]:
+    """Add walltime to the cluster ``name`` (None: this kernel's current one) with
+    ``scontrol update``; ExtendRefused carries Slurm's words and what to do."""
+    parse_extension(amount)  # a bad amount is refused before anything is looked up
+    cluster = session.find(name)
+    done = cluster.extend(amount)
+    return [extension_line(cluster.spec.name, done.minutes, done.time_left, done.time_limit)]
 
 
 def logs(session: Session, name: str | None, *, node: str | None, tail: int) -> str:

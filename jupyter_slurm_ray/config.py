@@ -125,7 +125,14 @@ class SlurmRay(_ClusterSettings):
     connect_timeout = _trait(
         "float", "Seconds one Ray Client connect attempt may take (default 30)."
     )
-    poll_interval = _trait("float", "Seconds between two Slurm status queries (default 1).")
+    poll_interval = _trait(
+        "float", "Seconds between two Slurm status queries while a change is expected (default 1)."
+    )
+    steady_poll_interval = _trait(
+        "float",
+        "Seconds between two Slurm status queries once a cluster is up and nothing moves "
+        "(default 15); Slurm's events still arrive within 5 s.",
+    )
     submit_timeout = _trait(
         "float",
         "Seconds sbatch may take (default 60); past it the job is looked up by its tag and "
@@ -147,6 +154,27 @@ class SlurmRay(_ClusterSettings):
         "Run Slurm commands through this argv prefix, e.g. a site wrapper or "
         "['runuser', '-u', 'alice', '--'] (local Slurm only).",
     )
+
+    @validate(
+        "connect_timeout",
+        "poll_interval",
+        "steady_poll_interval",
+        "submit_timeout",
+        "record_retention_days",
+    )
+    def _positive_seconds(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if value is not None and not value > 0:
+            name = proposal["trait"].name
+            raise TraitError(f"SlurmRay.{name} = {value!r}: a positive number is required")
+        return value
+
+    @validate("login_port")
+    def _valid_port(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if value is not None and not 1 <= value <= 65535:
+            raise TraitError(f"SlurmRay.login_port = {value!r}: a port from 1 to 65535 is required")
+        return value
 
 
 # ----------------------------------------------------------------------------- env overrides
@@ -178,12 +206,18 @@ def _from_env(setting: str, text: str) -> Any:
                 raise ValueError("not a JSON object")
             return value
         if setting in _INTS:
-            return int(text)
+            return _checked_own(setting, int(text))
         if setting in _FLOATS:
-            return float(text)
-    except ValueError as exc:
+            return _checked_own(setting, float(text))
+    except (ValueError, TraitError) as exc:
         raise SpecError(setting, text, f"a valid value in {source} ({exc})") from None
     return text
+
+
+def _checked_own(setting: str, value: Any) -> Any:
+    """``value`` once SlurmRay's own validation of ``setting`` accepts it (TraitError if not)."""
+    SlurmRay(**{setting: value})
+    return value
 
 
 def _environment_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, Any]]:

@@ -49,6 +49,7 @@ class ConnectionInfo:
     head_host: str = ""
     nodes: tuple[dict[str, str], ...] = ()
     ports: dict[str, int] = field(default_factory=dict)
+    import_ray_seconds: float | None = None  # what each of Ray's Python processes pays there
 
     @classmethod
     def from_json(cls, text: str) -> ConnectionInfo:
@@ -66,9 +67,14 @@ class ConnectionInfo:
                 head_host=str(data.get("head_host", "")),
                 nodes=tuple(data.get("nodes", ())),
                 ports={str(k): int(v) for k, v in dict(data.get("ports", {})).items()},
+                import_ray_seconds=_optional_float(data.get("import_ray_seconds")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConnectError(f"connection.json is not valid: {exc}") from None
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 def local_versions() -> tuple[str, str]:

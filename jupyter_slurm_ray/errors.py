@@ -20,6 +20,18 @@ class SpecError(SlurmRayError, ValueError):
         super().__init__(f"{field}: {value!r} is not allowed; {allowed}")
 
 
+class LimitError(SpecError):
+    """The request is over a limit Slurm enforces (a QOS, an association, a partition).
+
+    The message names the limit the way Slurm does, e.g. ``qos: 'short' allows at most 1 node
+    per job (MaxTRESPerJob=node=1); you asked for 2``.
+    """
+
+    def __init__(self, field: str, value: object, message: str) -> None:
+        super().__init__(field, value, message)
+        self.args = (f"{field}: {message}",)
+
+
 class TransportError(SlurmRayError):
     """Running a command or moving a file on the cluster side failed (SSH, subprocess)."""
 
@@ -43,6 +55,10 @@ class SlurmError(SlurmRayError):
 class SlurmUnavailable(SlurmError):
     """Slurm gave no answer (controller down, restarting, paused or overloaded; login node
     unreachable): nothing can be concluded about any job from it."""
+
+
+class ExtendRefused(SlurmError):
+    """Slurm refused to change a job's time limit; the message is Slurm's, then what to do."""
 
 
 class UnknownTarget(SlurmRayError):

@@ -17,6 +17,8 @@ from .states import EventSummary, Status, derive_status, last_known_job
 from .watch import Answer
 
 FORGOTTEN_AFTER = 3  # answers in a row in which Slurm said it does not know the job
+# Events after which Slurm has news too: the job started, or is ending.
+_NEWS_FOR_SLURM = frozenset({"stopped", "error", "owner_gone", "lease_stale", "walltime_warning"})
 
 
 class JobFollower:
@@ -29,11 +31,14 @@ class JobFollower:
         self.silent_since: float | None = None
         self.notice: str | None = None  # why Slurm or the job dir did not answer
         self.node_reasons: dict[str, str] = {}
+        self.news_for_slurm = False  # the last events read say Slurm has news (ask it now)
 
     async def observe(self, answer: Answer, job_dir: JobDir, slurm: SlurmClient) -> str:
         """Take in one poll's news; returns the job's log tail when it ended badly."""
         await self.read_events(job_dir)
         job = answer.job
+        if not answer.fresh:  # Slurm's last answer again: only the events are news
+            return ""
         if answer.answered:
             self.silent_since = None
             self.misses = 0 if job is not None else self.misses + 1
@@ -56,6 +61,9 @@ class JobFollower:
             self.notice = f"cannot read the job's events: {exc}"
             return
         self.events.add(events)
+        self.news_for_slurm = any(
+            e.get("event") in _NEWS_FOR_SLURM or e.get("phase") == "bootstrap" for e in events
+        )
 
     def status(
         self,

@@ -1,12 +1,26 @@
-"""How durations and statuses read for humans: one formatter for every view of a cluster."""
+"""How durations, sizes, statuses and usage read for humans: one formatter for every view of a
+cluster (the magics, the panel, the reprs, the CLI)."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from .states import State, Status
 
-__all__ = ["format_duration", "status_line", "walltime_left"]
+if TYPE_CHECKING:
+    from .queueinfo import QueueInsight
+    from .usage import Usage
+
+__all__ = [
+    "extension_line",
+    "format_bytes",
+    "format_duration",
+    "status_line",
+    "usage_summary",
+    "walltime_left",
+    "walltime_warning_line",
+]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -28,25 +42,51 @@ def walltime_left(status: Status, now: float | None = None) -> float | None:
     return max(0.0, status.time_left - (now - status.at))
 
 
-def status_line(status: Status, *, since: float | None = None, now: float | None = None) -> str:
-    """One line: state, Slurm's reason or start-up phase, est. start, elapsed, time left."""
+def format_bytes(size: float | None) -> str:
+    """``1288490188`` → ``"1.2 GiB"``; ``"?"`` when unknown."""
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
+
+
+def status_line(
+    status: Status,
+    *,
+    since: float | None = None,
+    now: float | None = None,
+    queue: QueueInsight | None = None,
+    warning: bool | None = None,
+) -> str:
+    """One line: state, Slurm's reason (in plain words with ``queue``) or start-up phase,
+    est. start, elapsed, time left, and whether the walltime is almost over (``warning``, else
+    the job's own event)."""
     now = time.time() if now is None else now
     parts = [status.state.value]
     if status.state is State.STARTING:
         joined = f"{status.nodes_joined}/{status.nodes_wanted} nodes"
         parts.append(f"({status.phase or 'starting'}, {joined})")
+    elif queue is not None and status.state is State.PENDING:
+        parts.append(f"({queue.short()})")
     elif status.reason:
         parts.append(f"({status.reason})")
     if status.job_id:
         parts.append(f"job {status.job_id}")
+    if queue is not None and queue.hint and status.state is State.PENDING:
+        parts.append(queue.hint)
     if status.state is State.PENDING and status.estimated_start:
         parts.append(f"est. start {status.estimated_start:%Y-%m-%d %H:%M}")
     if since is not None and not status.state.is_final:
         parts.append(f"elapsed {format_duration(now - since)}")
     left = walltime_left(status, now)
-    if left is not None and status.state.is_up:
+    if left is not None and (status.state.is_up or status.state is State.STARTING):
         parts.append(f"{format_duration(left)} left")
-    if status.walltime_warning and not status.state.is_final:
+    warned = status.walltime_warning if warning is None else warning
+    if warned and not status.state.is_final:
         parts.append("walltime almost over")
     if status.slurm_unreachable_since is not None and not status.state.is_final:
         silent = format_duration(now - status.slurm_unreachable_since)
@@ -54,3 +94,52 @@ def status_line(status: Status, *, since: float | None = None, now: float | None
     elif status.notice and not status.state.is_final:
         parts.append(status.notice)
     return " · ".join(parts)
+
+
+def usage_summary(usage: Usage) -> str:
+    """``used 0.1 CPU-hours, 0 GPU-hours, CPU efficiency 34 %, max RSS 1.2 GiB on node1``,
+    or what is unavailable and why."""
+    if not usage.available:
+        return f"usage unavailable: {usage.unavailable}"
+    parts = [f"used {_hours(usage.cpu_hours)} CPU-hours", f"{_hours(usage.gpu_hours)} GPU-hours"]
+    efficiency = usage.cpu_efficiency
+    if efficiency is not None:
+        parts.append(f"CPU efficiency {efficiency * 100:.0f} %")
+    peak = usage.max_rss
+    if peak is not None:
+        parts.append(f"max RSS {format_bytes(peak[1])} on {peak[0]}")
+    if not usage.final:
+        parts.append(
+            f"in {format_duration(usage.elapsed)} so far (efficiency and memory when it ends)"
+        )
+    elif efficiency is None or peak is None:
+        missing = [w for w, v in (("CPU efficiency", efficiency), ("max RSS", peak)) if v is None]
+        parts.append(f"{' and '.join(missing)} not recorded by Slurm")
+    return ", ".join(parts)
+
+
+def _hours(hours: float) -> str:
+    """``0``, ``0.01``, ``0.1``, ``12.3``: two significant figures below 10."""
+    if hours == 0:
+        return "0"
+    if hours >= 10:
+        return f"{hours:.1f}"
+    return f"{hours:.2g}"
+
+
+def walltime_warning_line(name: str, status: Status, now: float | None = None) -> str:
+    """The one line a notebook prints when a cluster's walltime is almost over."""
+    left = format_duration(walltime_left(status, now))
+    job = f" (job {status.job_id})" if status.job_id else ""
+    return (
+        f"⚠ {name}{job}: walltime almost over, {left} left. Save your work; "
+        f"`%slurm_ray extend {name} +30` asks Slurm for 30 more minutes."
+    )
+
+
+def extension_line(name: str, minutes: int, time_left: int | None, time_limit: int | None) -> str:
+    """``ray: walltime extended by 30 min: 0:39:58 left (time limit 0:40:00)``."""
+    return (
+        f"{name}: walltime extended by {minutes} min: {format_duration(time_left)} left "
+        f"(time limit {format_duration(time_limit)})"
+    )

@@ -2,7 +2,9 @@
 server share, and our jobs that no live record owns.
 
 Reconciling costs ONE Slurm query per target per refresh, shared by concurrent callers and
-reused for ``max_age`` seconds (the server's many browsers), whatever the number of clusters.
+reused for ``max_age`` seconds (the server's many browsers), whatever the number of clusters;
+the query itself is the user's shared queue (``queuecache.py``), so an answer one of their
+kernels got a moment ago serves here too.
 A record this process cannot reach (its target is not configured here) or cannot read is shown
 as such, with its last known state; nothing in a record is ever executed.
 """
@@ -18,12 +20,15 @@ from dataclasses import dataclass, field, replace
 
 from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
 from .naming import job_comment
+from .queuecache import SharedQueue
 from .registry import ClusterRecord, Registry, Unreadable
 from .slurm import JobInfo, SlurmClient
 from .states import EventSummary, State, Status, derive_status, status_of_record
 from .targets import Transports
 
 log = logging.getLogger(__name__)
+
+SHARED_MAX_AGE = 2.0  # seconds: how old a queue answer another process of the user got may be
 
 __all__ = ["Entry", "Inventory", "Orphan", "find_orphans", "format_table", "reconcile"]
 
@@ -107,10 +112,20 @@ def reconcile(
 class Inventory:
     """The registry's records reconciled with Slurm, one query per target per refresh."""
 
-    def __init__(self, registry: Registry, transports: Transports, *, max_age: float = 0.0) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        transports: Transports,
+        *,
+        max_age: float = 0.0,
+        shared_max_age: float = SHARED_MAX_AGE,
+    ) -> None:
         self.registry = registry
         self.transports = transports
-        self.max_age = max_age
+        self.max_age = max_age  # this process's snapshot is reused this long
+        self.shared_max_age = shared_max_age  # the user's shared queue answer is taken this old
+        self._queues: dict[str, SharedQueue] = {}
+        self._exact = False
         self.slurm_queries = 0
         self._snapshot = _Snapshot()
         self._refreshing: asyncio.Task[_Snapshot] | None = None
@@ -121,8 +136,9 @@ class Inventory:
         return self._snapshot.at
 
     def expire(self) -> None:
-        """The next read asks Slurm again (after we changed something ourselves)."""
+        """The next read asks Slurm itself (after we changed something ourselves)."""
         self._snapshot = replace(self._snapshot, taken=0.0)
+        self._exact = True
 
     async def entries(self) -> list[Entry]:
         """Every record, oldest first, then the unreadable ones."""
@@ -143,9 +159,18 @@ class Inventory:
             return  # the owner writes its own record
         record.state, record.reason = entry.status.state.value, entry.status.reason
         try:
-            self.registry.save(record)
+            self.registry.save(record, create=False)
         except (OSError, SlurmRayError) as exc:
             log.warning("could not record that %s ended: %s", record.id, exc)
+
+    async def status_of(self, record: ClusterRecord) -> Status:
+        """One record's reconciled status, from the shared snapshot (refreshed, for all
+        records, at most every ``max_age`` s): cheap enough for every proxied request."""
+        snapshot = self._snapshot
+        fresh = snapshot.taken and time.monotonic() - snapshot.taken < self.max_age
+        if not fresh or (record.job_id and record.job_id not in snapshot.asked):
+            snapshot = await self._fresh(self.registry.all())
+        return self._entry(record, snapshot).status
 
     def _entry(self, record: ClusterRecord, snapshot: _Snapshot) -> Entry:
         if not self.transports.reaches(record.target):
@@ -182,11 +207,12 @@ class Inventory:
             by_target.setdefault(record.target, []).append(record.job_id)
         snapshot = _Snapshot(taken=time.monotonic(), at=time.time())
         snapshot.asked = {j for ids in by_target.values() for j in ids}
+        max_age, self._exact = (0.0 if self._exact else self.shared_max_age), False
         for target, job_ids in by_target.items():
             self.slurm_queries += 1
             try:
-                transport = self.transports.for_target(target)
-                snapshot.jobs.update(await SlurmClient(transport).query(job_ids))
+                slurm = SlurmClient(self.transports.for_target(target), shared=self._queue(target))
+                snapshot.jobs.update(await slurm.query(job_ids, max_age=max_age))
                 self._silent_since.pop(target, None)
             except (SlurmUnavailable, UnknownTarget) as exc:
                 since = self._silent_since.setdefault(target, time.time())
@@ -194,6 +220,12 @@ class Inventory:
                 log.warning("Slurm did not answer about %s: %s", ",".join(job_ids), exc)
         self._snapshot = snapshot
         return snapshot
+
+    def _queue(self, target: str) -> SharedQueue:
+        """The user's queue on ``target``, shared with their kernels through the state dir."""
+        if target not in self._queues:
+            self._queues[target] = SharedQueue(self.registry.path, target)
+        return self._queues[target]
 
 
 def _unreadable_entry(item: Unreadable) -> Entry:

@@ -2,6 +2,8 @@
 
 Both are driven by the cluster's observers (called on the background loop thread); nothing in the
 browser polls. A ticker on the same loop refreshes the elapsed time and the walltime left.
+``Notices`` adds the one-off lines: the walltime warning (once per cluster) and, when the
+cluster ends, what it used (one ``sacct``).
 """
 
 from __future__ import annotations
@@ -12,22 +14,25 @@ import html
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 import ipywidgets as widgets
 from traitlets import Unicode
 
 from .aio import background_loop
-from .formatting import status_line
-from .reprs import badge_html, dashboard_links
+from .formatting import status_line, usage_summary, walltime_warning_line
+from .reprs import badge_html, cluster_line, dashboard_links
 from .states import Status
+from .usage import Usage, fetch_usage
+from .walltime import warning_due
 
 if TYPE_CHECKING:
     from .cluster import SlurmRayCluster
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StatusView", "TextProgress", "frontend_has_widgets"]
+__all__ = ["Notices", "StatusView", "TextProgress", "frontend_has_widgets"]
 
 
 def frontend_has_widgets() -> bool:
@@ -44,8 +49,59 @@ def _since(cluster: SlurmRayCluster) -> float:
     return cluster.history[0].at if cluster.history else cluster.status.at
 
 
+class Notices:
+    """One-off lines about a cluster, each given to ``emit`` once: the walltime warning, and
+    when the cluster ends, what it used (``used 0.1 CPU-hours, …``)."""
+
+    def __init__(self, cluster: SlurmRayCluster, emit: Callable[[str], None]) -> None:
+        self.cluster = cluster
+        self.emit = emit
+        self.warned = False
+        self.summarised = False
+        self.summary: concurrent.futures.Future[None] | None = None
+        cluster.add_observer(self.check)
+        self.check(cluster.status)
+
+    def check(self, status: Status) -> None:
+        """Called on every state change (and by the view's ticker, as the time left shrinks)."""
+        cluster = self.cluster
+        if not self.warned and warning_due(status, cluster.spec.walltime_warning):
+            self.warned = True
+            self.emit(walltime_warning_line(cluster.spec.name, status))
+        if status.state.is_final and status.job_id and not self.summarised:
+            self.summarised = True
+            self.summary = asyncio.run_coroutine_threadsafe(
+                self._summarise(status), background_loop()
+            )
+
+    async def _summarise(self, status: Status) -> None:
+        try:
+            usage = await settled_usage(self.cluster, status.job_id or "")
+            self.emit(f"{self.cluster.spec.name} ({status.state.value}): {usage_summary(usage)}")
+        except Exception:  # a summary is a courtesy; the kernel must go on
+            log.exception("summarising the usage of %s failed", self.cluster.id)
+
+    def close(self) -> None:
+        self.cluster.remove_observer(self.check)
+
+
+async def settled_usage(
+    cluster: SlurmRayCluster, job_id: str, attempts: int = 8, pause: float = 2.0
+) -> Usage:
+    """The job's usage once accounting has recorded its end (slurmdbd may lag a little)."""
+    usage = await fetch_usage(cluster.transport, [job_id], max_age=0)
+    for _ in range(attempts - 1):
+        waiting = usage.available and not usage.final
+        if not (waiting or (usage.unavailable or "").startswith("sacct has no record")):
+            break
+        await asyncio.sleep(pause)
+        usage = await fetch_usage(cluster.transport, [job_id], max_age=0)
+    return usage
+
+
 class StatusView(widgets.VBox):
-    """State badge, status line, nodes-joined bar and dashboard link of one cluster."""
+    """State badge, status line, nodes-joined bar and dashboard link of one cluster, and its
+    one-off notices (walltime warning, usage at the end)."""
 
     state = Unicode("", help="The state shown now (not synced; for observers and tests).")
 
@@ -56,11 +112,14 @@ class StatusView(widgets.VBox):
             min=0, max=1, description="nodes", layout=widgets.Layout(width="260px")
         )
         self.link = widgets.HTML()
+        self.notes = widgets.HTML()
         top = widgets.HBox([self.badge, self.progress, self.line])
-        super().__init__([top, self.link], **kwargs)
+        super().__init__([top, self.link, self.notes], **kwargs)
         self.cluster: SlurmRayCluster | None = None
+        self.notices: Notices | None = None
         self._ticker: concurrent.futures.Future[None] | None = None
         self.history: list[str] = []  # every state shown, in order
+        self.noted: list[str] = []  # every notice shown, in order
         if cluster is not None:
             self.bind(cluster)
 
@@ -70,14 +129,24 @@ class StatusView(widgets.VBox):
         self.cluster = cluster
         cluster.add_observer(self._on_status)
         self.render(cluster.status)
+        self.notes.value = ""
+        self.noted = []
+        self.notices = Notices(cluster, self.note)
         self._ticker = asyncio.run_coroutine_threadsafe(self._tick(cluster), background_loop())
 
     def unbind(self) -> None:
         if self.cluster is not None:
             self.cluster.remove_observer(self._on_status)
+        if self.notices is not None:
+            self.notices.close()
         if self._ticker is not None:
             self._ticker.cancel()
-        self.cluster = self._ticker = None
+        self.cluster = self._ticker = self.notices = None
+
+    def note(self, text: str) -> None:
+        """Show one more line under the status (a notice)."""
+        self.noted.append(text)
+        self.notes.value += f"<div>{html.escape(text)}</div>"
 
     def close(self) -> None:
         self.unbind()
@@ -90,7 +159,11 @@ class StatusView(widgets.VBox):
         cluster = self.cluster
         since = _since(cluster) if cluster is not None else None
         self.badge.value = badge_html(status.state)
-        self.line.value = f"<span>{html.escape(status_line(status, since=since))}</span>"
+        if cluster is not None:
+            line = cluster_line(cluster, since=since, status=status)
+        else:
+            line = status_line(status)
+        self.line.value = f"<span>{html.escape(line)}</span>"
         self.progress.max = max(1, status.nodes_wanted)
         self.progress.value = min(status.nodes_joined, self.progress.max)
         self.progress.bar_style = "success" if status.state.is_up else ""
@@ -104,11 +177,13 @@ class StatusView(widgets.VBox):
             await asyncio.sleep(10 if cluster.state.is_up else 1)
             if self.cluster is cluster:
                 self.render(cluster.status)
+                if self.notices is not None:
+                    self.notices.check(cluster.status)
 
     def __repr__(self) -> str:
         if self.cluster is None:
             return "StatusView(no cluster)"
-        return f"{self.cluster.spec.name}: {status_line(self.cluster.status)}"
+        return f"{self.cluster.spec.name}: {cluster_line(self.cluster)}"
 
 
 def _links_html(cluster: SlurmRayCluster) -> str:
@@ -132,7 +207,7 @@ class TextProgress:
         self._on_status(cluster.status)
 
     def _on_status(self, status: Status) -> None:
-        line = status_line(status)
+        line = cluster_line(self.cluster, status=status)
         if line != self._last:
             self._last = line
             stream = self.stream or sys.stdout

@@ -129,6 +129,9 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
     add_arguments("logs", add("logs", "Show the job's output, or one node's Ray log."), _NAME_HELP)
 
+    extend = add("extend", "Add walltime to a cluster's job (scontrol update TimeLimit=+N).")
+    add_arguments("extend", extend, _NAME_HELP)
+
     forget = add("forget", "Delete the record of an ended cluster (its job dir stays).")
     add_arguments("forget", forget, NAME_HELP)
 

@@ -1,7 +1,8 @@
 """``%slurm_ray`` line magics and ``%%slurm_ray up`` (whose cell body is setup lines).
 
 Every error reaches the user as one ``UsageError`` line without a traceback; nothing is submitted
-unless the request passed validation and the site check (partition, limits) first.
+unless the request passed validation and the site check (partition, account, QOS, their limits)
+first. The live view prints the walltime warning once and, when the cluster ends, its usage.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from .cluster import SlurmRayCluster
 from .config import SPEC_SETTINGS, SlurmRay, effective_setting, load_profiles, profiles_path
 from .config import resolve_spec as resolve_settings
 from .errors import SlurmRayError, SpecError
-from .formatting import status_line
-from .live import StatusView, TextProgress, frontend_has_widgets
+from .live import Notices, StatusView, TextProgress, frontend_has_widgets
 from .magic_args import ArgumentError, HelpRequested, parse, setup_lines, spec_arguments
-from .reprs import cluster_mimebundle, dashboard_links
+from .reprs import cluster_line, cluster_mimebundle, dashboard_links
 from .session import get_session
 from .sitecheck import check_with_slurm
 from .spec import ClusterSpec
@@ -41,6 +41,7 @@ _SESSION_SETTINGS = (
     "profiles_file",
     "connect_timeout",
     "poll_interval",
+    "steady_poll_interval",
     "submit_timeout",
     "record_retention_days",
     "login_host",
@@ -54,8 +55,8 @@ _SESSION_SETTINGS = (
 
 @magics_class
 class SlurmRayMagics(Magics):
-    """``%slurm_ray COMMAND …``: up, down, status, list, logs, attach, connect, disconnect,
-    forget, script, dashboard, config, panel. ``%slurm_ray --help`` lists them."""
+    """``%slurm_ray COMMAND …``: up, down, status, list, logs, extend, attach, connect,
+    disconnect, forget, script, dashboard, config, panel. ``%slurm_ray --help`` lists them."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -112,13 +113,16 @@ class SlurmRayMagics(Magics):
             )
 
     def _show_live(self, cluster: SlurmRayCluster) -> TextProgress | None:
+        """The live view: a widget (with its notices), or printed lines in a terminal, whose
+        notices (walltime warning, usage at the end) keep printing after ``up`` returns."""
         if frontend_has_widgets():
             display(StatusView(cluster))
             return None
+        Notices(cluster, lambda line: print(line, flush=True))
         return TextProgress(cluster)
 
     def _summary(self, cluster: SlurmRayCluster) -> None:
-        print(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
+        print(f"{cluster.spec.name} ({cluster.id}): {cluster_line(cluster)}")
         links = dashboard_links(cluster)
         if links and cluster.state.is_up:
             print(f"dashboard: {links.get('proxied') or links['direct']}")
@@ -128,7 +132,9 @@ class SlurmRayMagics(Magics):
         spec = self._complete(args, cell)
         if not args.no_connect:
             self._refuse_second_connection(None)
-        run_sync(check_with_slurm(spec, self.session.transport()))
+        checked = run_sync(check_with_slurm(spec, self.session.transport()))
+        for note in checked.notes:
+            print(f"note: {note}")
         cluster = self.session.new_cluster(spec)
         progress = self._show_live(cluster)
         try:
@@ -140,9 +146,11 @@ class SlurmRayMagics(Magics):
             self.session.adopt(cluster)
             if args.detach:
                 cluster.detach()
-            cluster.wait_ready(queue_timeout=args.queue_timeout)
-            if not args.no_connect:
-                cluster.connect(timeout=self._connect_timeout())
+            cluster.wait_up(
+                connect=not args.no_connect,
+                queue_timeout=args.queue_timeout,
+                connect_timeout=self._connect_timeout(),
+            )
         except KeyboardInterrupt:
             print(
                 f"interrupted: {cluster.spec.name} is {cluster.status.describe()} and keeps "
@@ -160,6 +168,8 @@ class SlurmRayMagics(Magics):
     def _status(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.find(args.name)
         cluster.refresh()  # ask Slurm now (the property is the last answer)
+        if cluster.job_id and cluster.state not in (State.SUBMITTING, State.PENDING):
+            cluster.usage()  # one sacct (the repr shows it); final figures are kept
         display(cluster_mimebundle(cluster), raw=True)
 
     def _list(self, args: argparse.Namespace, cell: str | None) -> None:
@@ -167,6 +177,9 @@ class SlurmRayMagics(Magics):
 
     def _logs(self, args: argparse.Namespace, cell: str | None) -> None:
         print(commands.logs(self.session, args.name, node=args.node, tail=args.tail))
+
+    def _extend(self, args: argparse.Namespace, cell: str | None) -> None:
+        print("\n".join(commands.extend(self.session, args.name, args.amount)))
 
     def _forget(self, args: argparse.Namespace, cell: str | None) -> None:
         print("\n".join(commands.forget(self.session, args.name, ended=args.ended)))

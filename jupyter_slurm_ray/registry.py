@@ -232,16 +232,26 @@ class Registry:
                 return why
         return None
 
+    def record_path(self, cluster_id: str) -> Path:
+        """Where the record of ``cluster_id`` is (SlurmRayError for an invalid id)."""
+        return self._file(cluster_id)
+
     def _file(self, cluster_id: str) -> Path:
         if not is_cluster_id(cluster_id):
             raise SlurmRayError(f"not a cluster id: {cluster_id!r} ({CLUSTER_ID_ALLOWED})")
         return self.path / "clusters" / f"{cluster_id}.json"
 
     # -- records -----------------------------------------------------------------------------
-    def save(self, record: ClusterRecord) -> None:
+    def save(self, record: ClusterRecord, *, create: bool = True) -> bool:
+        """Write ``record``; with ``create=False`` only over an existing record, so an
+        update never brings back a record someone forgot meanwhile. True when written."""
         record.updated_at = time.time()
         clusters = self._ensure_dirs()
-        write_atomic(clusters / f"{record.id}.json", record.to_json(), 0o600)
+        path = clusters / f"{record.id}.json"
+        if not create and not path.exists():
+            return False
+        write_atomic(path, record.to_json(), 0o600)
+        return True
 
     def load(self, cluster_id: str) -> ClusterRecord | None:
         """The record, None when there is none; RegistryError when it cannot be trusted/read."""

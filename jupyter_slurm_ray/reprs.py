@@ -1,4 +1,5 @@
-"""How a cluster looks in a notebook: status lines, HTML badges and the cluster's rich repr."""
+"""How a cluster looks in a notebook: status lines, HTML badges and the cluster's rich repr
+(state, queue insight, walltime, nodes, request, usage)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,21 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .formatting import status_line
+from .formatting import format_duration, status_line, usage_summary, walltime_left
 from .naming import DASHBOARD_BASE_ENV
-from .states import State
+from .queueinfo import QueueInsight, queue_insight
+from .states import State, Status
+from .usage import cached_usage
+from .walltime import warning_due
 
 if TYPE_CHECKING:
     from .cluster import SlurmRayCluster
 
 __all__ = [
     "badge_html",
+    "cluster_line",
     "cluster_mimebundle",
+    "cluster_queue",
     "dashboard_links",
 ]
 
@@ -52,9 +58,43 @@ def dashboard_links(cluster: SlurmRayCluster) -> dict[str, str]:
     return links
 
 
+def cluster_queue(cluster: SlurmRayCluster, status: Status | None = None) -> QueueInsight | None:
+    """Why the cluster waits in the queue, in plain words (None unless PENDING)."""
+    status = status or cluster.status
+    return queue_insight(status, partition=cluster.spec.partition, nodes=cluster.spec.nodes)
+
+
+def cluster_line(
+    cluster: SlurmRayCluster, *, since: float | None = None, status: Status | None = None
+) -> str:
+    """The cluster's status line (now, or ``status``), with the queue insight if PENDING."""
+    status = status or cluster.status
+    warning = warning_due(status, cluster.spec.walltime_warning)
+    return status_line(status, since=since, queue=cluster_queue(cluster, status), warning=warning)
+
+
+def _walltime(cluster: SlurmRayCluster) -> str | None:
+    status, spec = cluster.status, cluster.spec
+    left = walltime_left(status)
+    if left is None or status.state.is_final:
+        return None
+    text = f"{format_duration(left)} left of {format_duration(status.time_limit)}"
+    if warning_due(status, spec.walltime_warning):
+        return text + f" · almost over: `%slurm_ray extend {spec.name} +30` asks for more"
+    return text + f" (warned {format_duration(spec.walltime_warning)} before the end)"
+
+
 def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
     status, spec = cluster.status, cluster.spec
-    yield "state", status_line(status)
+    yield "state", cluster_line(cluster)
+    queue = cluster_queue(cluster)
+    if queue is not None:
+        yield "queue", queue.meaning + (f"; {queue.hint}" if queue.hint else "")
+        if queue.action:
+            yield "what to do", queue.action
+    walltime = _walltime(cluster)
+    if walltime:
+        yield "walltime", walltime
     yield (
         "nodes",
         f"{status.nodes_joined}/{spec.nodes} joined"
@@ -66,7 +106,14 @@ def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
     request.append(f"walltime {spec.time}")
     if spec.partition:
         request.append(f"partition {spec.partition}")
+    if spec.account:
+        request.append(f"account {spec.account}")
+    if spec.qos:
+        request.append(f"QOS {spec.qos}")
     yield "request", ", ".join(request)
+    usage = cached_usage(cluster.transport, [status.job_id]) if status.job_id else None
+    if usage is not None:
+        yield "usage", usage_summary(usage)
     yield "cluster id", cluster.id
 
 

@@ -55,6 +55,7 @@ class Session:
             self.transport(),
             registry=self.registry(),
             poll_interval=float(self.setting("poll_interval", 1.0)),
+            steady_poll_interval=float(self.setting("steady_poll_interval", 15.0)),
             submit_timeout=float(self.setting("submit_timeout", 60.0)),
         )
 

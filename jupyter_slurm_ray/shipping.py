@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from importlib import resources
 
+SITE_PATH = "sitepath"  # a subdirectory put first on the PYTHONPATH of Ray's processes
+
 
 def bootstrap_files() -> dict[str, str]:
-    """File name -> text of every ``*.py`` of the ``bootstrap`` directory, sorted by name.
+    """Relative name -> text of every ``*.py`` of the ``bootstrap`` directory (and of its
+    ``sitepath/``), sorted by name.
 
     The job runs ``python JOB_DIR/bootstrap ...``: Python runs its ``__main__.py`` with the
     directory first on ``sys.path``, so its modules import each other as top-level modules.
     """
     package = resources.files("jupyter_slurm_ray").joinpath("bootstrap")
-    files = sorted((item.name, item) for item in package.iterdir() if item.name.endswith(".py"))
-    return {name: item.read_text() for name, item in files}
+    files = {item.name: item for item in package.iterdir() if item.name.endswith(".py")}
+    site = package.joinpath(SITE_PATH)
+    files.update(
+        {f"{SITE_PATH}/{item.name}": item for item in site.iterdir() if item.name.endswith(".py")}
+    )
+    return {name: files[name].read_text() for name in sorted(files)}

@@ -1,8 +1,11 @@
-"""Slurm's command lines and nothing else: sbatch, squeue, sacct, scancel, sinfo over a Transport.
+"""Slurm's command lines and nothing else: sbatch, squeue, sacct, scancel, sinfo, sacctmgr and
+scontrol over a Transport.
 
 While jobs are active, watching any number of them costs ONE ``squeue`` per poll. A job that
 has ended is looked up once more (``sacct``, or ``sacct -c`` on clusters without slurmdbd) for
-its exit code, and for jobs squeue has already forgotten.
+its exit code, and for jobs squeue has already forgotten. Accounting (``sacctmgr``: accounts,
+QOSes; ``sacct``: usage) and ``scontrol update`` (the time limit) are asked on request only,
+never on the poll path.
 """
 
 from __future__ import annotations
@@ -11,35 +14,52 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .errors import CommandError, SlurmError, SlurmUnavailable, TransportError
+from .errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
 from .naming import cluster_id_of_comment
 from .slurm_output import (
+    ASSOCIATION_FIELDS,
     FINAL_STATES,
+    QOS_FIELDS,
     SACCT_FIELDS,
+    SINFO_FORMAT,
     SQUEUE_FORMAT,
+    USAGE_FIELDS,
+    Association,
     JobInfo,
     Partition,
+    Qos,
+    UsageRow,
     expand_hostlist,
     merge_final,
+    parse_associations,
     parse_duration,
     parse_exit_code,
+    parse_qos,
     parse_sacct,
     parse_scontrol_job,
     parse_sinfo,
     parse_squeue_line,
     parse_timestamp,
+    parse_usage,
 )
 from .transport import Transport
+
+if TYPE_CHECKING:
+    from .queuecache import SharedQueue
 
 log = logging.getLogger(__name__)
 
 # What Slurm's answers parse into (slurm_output.py), here too for the callers of SlurmClient.
 __all__ = [
     "FINAL_STATES",
+    "Association",
     "JobInfo",
     "Partition",
+    "Qos",
     "SlurmClient",
+    "UsageRow",
     "expand_hostlist",
     "parse_duration",
     "parse_exit_code",
@@ -56,6 +76,9 @@ _SBATCH_CLEAN_ENV = (
     'for v in $(env | sed -n "s/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/\\1/p"); do unset "$v"; done; '
     'exec sbatch --parsable "$1"'
 )
+# The command in "$@", for the user running it: sacctmgr needs the user's name, which only the
+# other side knows (runuser, SSH). (Constant; the arguments are the package's own.)
+AS_THIS_USER = 'exec "$@" "user=$(id -un)"'
 
 
 class SlurmClient:
@@ -66,9 +89,12 @@ class SlurmClient:
     be asked about.
     """
 
-    def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, transport: Transport, *, timeout: float = 30.0, shared: SharedQueue | None = None
+    ) -> None:
         self.transport = transport
         self.timeout = timeout
+        self.shared = shared  # the user's queue, shared with their other processes on this host
         self.commands_run = 0  # count of Slurm commands, so tests can hold us to "one per poll"
 
     async def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> _Answer:
@@ -82,9 +108,13 @@ class SlurmClient:
             raise SlurmUnavailable(f"{argv[0]}: {_first_line(result.stderr)}")
         return _Answer(result.returncode, result.stdout, result.stderr)
 
-    async def _slurm(self, argv: Sequence[str]) -> str:
-        """stdout of a Slurm command that must succeed; SlurmError in Slurm's words if not."""
-        answer = await self._run(argv)
+    async def _slurm(self, argv: Sequence[str], *, as_user: bool = False) -> str:
+        """stdout of a Slurm command that must succeed; SlurmError in Slurm's words if not.
+
+        ``as_user``: ``user=<the name of whoever runs it>`` is added to the arguments.
+        """
+        command = ["sh", "-c", AS_THIS_USER, argv[0], *argv] if as_user else list(argv)
+        answer = await self._run(command)
         if answer.returncode != 0:
             exc = CommandError(list(argv), answer.returncode, answer.stdout, answer.stderr)
             raise SlurmError(_slurm_message(exc))
@@ -122,16 +152,17 @@ class SlurmClient:
         await self._slurm(argv)
 
     # -- watching ---------------------------------------------------------------------------
-    async def query(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    async def query(self, job_ids: Iterable[str], *, max_age: float = 0.0) -> dict[str, JobInfo]:
         """State of every job in ``job_ids``: one squeue call, plus accounting for ended jobs.
 
-        Jobs missing from the result are unknown to Slurm (it said so); SlurmUnavailable when
-        Slurm could not be asked.
+        With a shared queue, squeue's answer may be one another process of this user asked
+        at most ``max_age`` seconds ago. Jobs missing from the result are unknown to Slurm (it
+        said so); SlurmUnavailable when Slurm could not be asked.
         """
         ids = sorted({_job_id(j) for j in job_ids}, key=int)
         if not ids:
             return {}
-        infos: dict[str, JobInfo | None] = dict(await self._squeue(ids))
+        infos: dict[str, JobInfo | None] = dict(await self._squeue(ids, max_age))
         ended = [j for j in ids if infos.get(j) is None or infos[j].is_final]  # type: ignore[union-attr]
         if ended:
             history = await self.history(ended)
@@ -139,14 +170,24 @@ class SlurmClient:
                 infos[job_id] = merge_final(infos.get(job_id), history.get(job_id))
         return {j: info for j in ids if (info := infos.get(j)) is not None}
 
-    async def _squeue(self, ids: list[str]) -> dict[str, JobInfo]:
+    async def _squeue(self, ids: list[str], max_age: float = 0.0) -> dict[str, JobInfo]:
+        if self.shared is not None:
+            output = await self.shared.output(max_age, self._squeue_mine)
+            wanted = set(ids)
+            return {j: info for j, info in _parse_queue(output).items() if j in wanted}
         argv = ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
         answer = await self._run(argv)
         # squeue exits 1 ("Invalid job id specified") when none of the ids is known any more.
         if answer.returncode != 0 and not _invalid_job_id(answer.stderr):
             raise SlurmUnavailable(f"squeue: {_first_line(answer.stderr) or 'failed'}")
-        infos = (parse_squeue_line(line) for line in answer.stdout.splitlines() if line.strip())
-        return {info.job_id: info for info in infos if info is not None}
+        return _parse_queue(answer.stdout)
+
+    async def _squeue_mine(self) -> str:
+        """Every job of this user that Slurm shows (running, queued, recently ended)."""
+        answer = await self._run(["squeue", "-h", "--me", "-t", "all", "-o", SQUEUE_FORMAT])
+        if answer.returncode != 0:
+            raise SlurmUnavailable(f"squeue: {_first_line(answer.stderr) or 'failed'}")
+        return answer.stdout
 
     async def history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         """Final state and exit code from accounting (slurmdbd) or, failing that, jobcomp;
@@ -183,8 +224,39 @@ class SlurmClient:
         return infos
 
     async def partitions(self) -> list[Partition]:
-        out = await self._slurm(["sinfo", "-h", "-o", "%R|%a|%F|%c|%m|%G|%l|%P"])
+        out = await self._slurm(["sinfo", "-h", "-o", SINFO_FORMAT])
         return parse_sinfo(out)
+
+    # -- accounting and the time limit (on request, never on the poll path) -------------------
+    async def associations(self) -> list[Association]:
+        """The user's associations (accounts, QOSes, limits) and default account: one
+        ``sacctmgr``. SlurmError when accounting cannot be asked (e.g. no slurmdbd)."""
+        argv = ["sacctmgr", "-n", "-P", "show", "user", "withassoc"]
+        out = await self._slurm([*argv, f"format={ASSOCIATION_FIELDS}", "where"], as_user=True)
+        return parse_associations(out)
+
+    async def qos(self) -> dict[str, Qos]:
+        """Every QOS and its per-job limits: one ``sacctmgr``."""
+        out = await self._slurm(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FIELDS}"])
+        return parse_qos(out)
+
+    async def usage(self, job_ids: Sequence[str]) -> list[UsageRow]:
+        """What the jobs used, allocations and steps (``sacct``, sizes in bytes): one call.
+        SlurmError when there is no accounting."""
+        ids = ",".join(_job_id(j) for j in job_ids)
+        argv = ["sacct", "-n", "-P", "--noconvert", "-j", ids, "-o", USAGE_FIELDS]
+        return parse_usage(await self._slurm(argv))
+
+    async def extend(self, job_id: str, minutes: int) -> None:
+        """Add ``minutes`` to the job's time limit (``scontrol update``); ExtendRefused with
+        Slurm's words when it refuses (users often may not raise their own limit)."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes < 1:
+            raise SlurmError(f"not a number of minutes to add: {minutes!r}")
+        argv = ["scontrol", "update", f"JobId={_job_id(job_id)}", f"TimeLimit=+{minutes}"]
+        answer = await self._run(argv)
+        if answer.returncode != 0:
+            exc = CommandError(argv, answer.returncode, answer.stdout, answer.stderr)
+            raise ExtendRefused(_slurm_message(exc))
 
     async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
         """Slurm's reason for each of ``nodes`` that is down, drained or failing."""
@@ -213,6 +285,11 @@ class SlurmClient:
         """The job id of the active job tagged for ``cluster_id`` (the newest), or None."""
         jobs = [j for j, c in (await self.tagged_jobs()).items() if c == cluster_id]
         return max(jobs, key=int) if jobs else None
+
+
+def _parse_queue(output: str) -> dict[str, JobInfo]:
+    infos = (parse_squeue_line(line) for line in output.splitlines() if line.strip())
+    return {info.job_id: info for info in infos if info is not None}
 
 
 @dataclass(frozen=True)

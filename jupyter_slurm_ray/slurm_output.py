@@ -1,5 +1,6 @@
 """Slurm's output formats, parsed: JobInfo from squeue / sacct / scontrol, Partition from
-sinfo, durations, timestamps, exit codes and host lists. Pure functions, no commands run.
+sinfo, Association and Qos from sacctmgr, UsageRow from sacct, durations, CPU times, sizes,
+TRES lists, timestamps, exit codes and host lists. Pure functions, no commands run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ FINAL_STATES = frozenset(
 SQUEUE_FIELDS = ("%i", "%T", "%D", "%S", "%L", "%l", "%N", "%j", "%k", "%r")
 SQUEUE_FORMAT = "|".join(SQUEUE_FIELDS)
 SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Start,Timelimit,JobName"
+#: sinfo's partition lines; ``%s`` (the job size range in nodes, e.g. ``1-2``) gives MaxNodes.
+SINFO_FORMAT = "%R|%a|%F|%c|%m|%G|%l|%P|%s"
+#: ``sacctmgr show user withassoc``: the user's default account and one line per association.
+ASSOCIATION_FIELDS = (
+    "User,DefaultAccount,Account,Partition,QOS,DefaultQOS,MaxWall,MaxTRES,MaxTRESPerNode,AdminLevel"
+)
+QOS_FIELDS = "Name,MaxWall,MaxTRESPerJob,MaxTRESPerNode,MinTRESPerJob,Flags"
+#: ``sacct --noconvert`` (sizes in bytes): allocations and their steps, for what a job used.
+USAGE_FIELDS = "JobID,State,ElapsedRaw,AllocTRES,AllocCPUS,TotalCPU,MaxRSS,MaxRSSNode,NodeList"
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,53 @@ class Partition:
     max_time: int | None = None  # seconds; None = unlimited
     is_default: bool = False
     gpus_per_node: int = field(default=0)
+    max_nodes: int | None = None  # Slurm's MaxNodes (per job); None = unlimited or unknown
+
+
+@dataclass(frozen=True)
+class Association:
+    """One association of a user with an account (``sacctmgr show user withassoc``): the QOSes
+    it may use and the per-job limits set on it."""
+
+    user: str
+    account: str
+    default_account: str | None = None
+    partition: str | None = None  # None: every partition
+    qos: tuple[str, ...] = ()  # empty: not shown (not checked)
+    default_qos: str | None = None
+    max_wall: int | None = None  # seconds (MaxWall)
+    max_tres: dict[str, str] = field(default_factory=dict)  # per job (MaxTRES)
+    max_tres_per_node: dict[str, str] = field(default_factory=dict)
+    admin_level: str = "None"
+
+
+@dataclass(frozen=True)
+class Qos:
+    """One QOS (``sacctmgr show qos``) and its per-job limits."""
+
+    name: str
+    max_wall: int | None = None  # seconds (MaxWall)
+    max_tres_per_job: dict[str, str] = field(default_factory=dict)
+    max_tres_per_node: dict[str, str] = field(default_factory=dict)
+    min_tres_per_job: dict[str, str] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One line of ``sacct`` for usage: a job's allocation (``step`` None) or one of its steps."""
+
+    job_id: str  # "25", "25.batch", "25.0"
+    allocation: str  # "25"
+    step: str | None
+    state: str
+    elapsed: int = 0  # seconds
+    alloc_tres: dict[str, str] = field(default_factory=dict)
+    alloc_cpus: int = 0
+    total_cpu: float = 0.0  # seconds of CPU time used (user + system)
+    max_rss: int | None = None  # bytes
+    max_rss_node: str | None = None
+    nodes: tuple[str, ...] = ()
 
 
 def parse_squeue_line(line: str) -> JobInfo | None:
@@ -153,13 +210,18 @@ def merge_final(live: JobInfo | None, history: JobInfo | None) -> JobInfo | None
 
 
 def parse_sinfo(out: str) -> list[Partition]:
-    """Aggregate sinfo's per-(partition, node shape) lines into one entry per partition."""
+    """Aggregate sinfo's per-(partition, node shape) lines into one entry per partition.
+
+    Lines have the fields of :data:`SINFO_FORMAT`; the last one (``%s``) may be missing.
+    """
     merged: dict[str, Partition] = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 8:
+        if len(parts) == 8:
+            parts.append("")
+        if len(parts) != 9:
             continue
-        name, avail, counts, cpus, mem, gres, limit, pname = parts
+        name, avail, counts, cpus, mem, gres, limit, pname, sizes = parts
         alloc_idle_other_total = [int(x) for x in counts.split("/") if x.isdigit()]
         if len(alloc_idle_other_total) != 4:
             continue
@@ -176,6 +238,7 @@ def parse_sinfo(out: str) -> list[Partition]:
             max_time=parse_duration(limit),
             is_default=pname.endswith("*"),
             gpus_per_node=_gpus_in(gres_items),
+            max_nodes=_max_job_nodes(sizes),
         )
         previous = merged.get(name)
         if previous is not None:
@@ -191,6 +254,130 @@ def parse_sinfo(out: str) -> list[Partition]:
             )
         merged[name] = entry
     return list(merged.values())
+
+
+def _max_job_nodes(sizes: str) -> int | None:
+    """sinfo's ``%s``: ``1-2`` → 2; ``1-infinite`` (or nothing) → None."""
+    high = sizes.strip().rpartition("-")[2]
+    return int(high) if high.isdigit() else None
+
+
+# -- accounting (sacctmgr) ---------------------------------------------------------------------
+def parse_associations(out: str) -> list[Association]:
+    """``sacctmgr -n -P show user withassoc format=`` :data:`ASSOCIATION_FIELDS` lines."""
+    found = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != len(ASSOCIATION_FIELDS.split(",")) or not parts[2]:
+            continue  # a user without associations has one line with no account
+        user, default_account, account, partition, qos, default_qos, wall, tres, per_node, admin = (
+            parts
+        )
+        found.append(
+            Association(
+                user=user,
+                account=account,
+                default_account=default_account or None,
+                partition=partition or None,
+                qos=tuple(q for q in qos.split(",") if q),
+                default_qos=default_qos or None,
+                max_wall=parse_duration(wall) if wall else None,
+                max_tres=parse_tres(tres),
+                max_tres_per_node=parse_tres(per_node),
+                admin_level=admin or "None",
+            )
+        )
+    return found
+
+
+def parse_qos(out: str) -> dict[str, Qos]:
+    """``sacctmgr -n -P show qos format=`` :data:`QOS_FIELDS` lines, by QOS name."""
+    found = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != len(QOS_FIELDS.split(",")) or not parts[0]:
+            continue
+        name, wall, per_job, per_node, min_per_job, flags = parts
+        found[name] = Qos(
+            name=name,
+            max_wall=parse_duration(wall) if wall else None,
+            max_tres_per_job=parse_tres(per_job),
+            max_tres_per_node=parse_tres(per_node),
+            min_tres_per_job=parse_tres(min_per_job),
+            flags=tuple(f for f in flags.split(",") if f),
+        )
+    return found
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``cpu=4,gres/gpu=2,mem=16G,node=1`` → ``{"cpu": "4", "gres/gpu": "2", …}``."""
+    pairs = (item.partition("=") for item in text.split(",") if "=" in item)
+    return {name.strip(): value.strip() for name, _, value in pairs if name.strip()}
+
+
+def tres_amount(name: str, value: str) -> int | None:
+    """A TRES count as a number: memory in megabytes (``16G`` → 16384), others as they are."""
+    if name == "mem":
+        size = parse_size(value, unit="M")
+        return None if size is None else size // 1024**2
+    match = re.fullmatch(r"\d+", value.strip())
+    return int(match.group()) if match else None
+
+
+# -- usage (sacct) -----------------------------------------------------------------------------
+def parse_usage(out: str) -> list[UsageRow]:
+    """``sacct -n -P --noconvert -o`` :data:`USAGE_FIELDS` lines: allocations and steps."""
+    rows = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != len(USAGE_FIELDS.split(",")):
+            continue
+        job_id, state, elapsed, tres, cpus, total_cpu, max_rss, rss_node, nodelist = parts
+        allocation, _, step = job_id.partition(".")
+        if not re.fullmatch(r"\d+(_\d+)?", allocation):
+            continue  # heterogeneous job parts ("12+0") and anything unexpected
+        rows.append(
+            UsageRow(
+                job_id=job_id,
+                allocation=allocation,
+                step=step or None,
+                state=state.split()[0] if state else "UNKNOWN",
+                elapsed=int(elapsed) if elapsed.isdigit() else 0,
+                alloc_tres=parse_tres(tres),
+                alloc_cpus=int(cpus) if cpus.isdigit() else 0,
+                total_cpu=parse_cpu_time(total_cpu) or 0.0,
+                max_rss=parse_size(max_rss, unit="B") if max_rss else None,
+                max_rss_node=rss_node or None,
+                nodes=tuple(expand_hostlist(nodelist)),
+            )
+        )
+    return rows
+
+
+_CPU_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
+
+
+def parse_cpu_time(text: str) -> float | None:
+    """Seconds in sacct's CPU times: ``00:07.832`` (M:S.ms), ``01:02:03``, ``1-02:03:04``."""
+    match = _CPU_TIME.match(text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = match.groups()
+    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_SIZE_VALUE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)B?$", re.IGNORECASE)
+
+
+def parse_size(text: str, *, unit: str = "B") -> int | None:
+    """Bytes in a size as Slurm prints it: ``219426816`` (in ``unit``), ``214284K``, ``1.5G``."""
+    match = _SIZE_VALUE.match(text.strip())
+    if not match:
+        return None
+    number, suffix = match.groups()
+    factor = _SIZE_UNITS[suffix.upper()] if suffix else _SIZE_UNITS[unit.upper().rstrip("B")]
+    return int(float(number) * factor)
 
 
 def _leading_int(text: str) -> int:

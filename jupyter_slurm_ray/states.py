@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
-from .slurm import JobInfo
+from .slurm_output import JobInfo
 
 
 class State(str, enum.Enum):
@@ -136,7 +136,8 @@ class EventSummary:
 
     phase: str | None = None
     joined: int = 0
-    ready: bool = False
+    ready: bool = False  # every node joined
+    head_ready: bool = False  # the head answers: clients may connect while workers join
     error: str | None = None
     error_log: str = ""
     walltime_warning: bool = False
@@ -154,6 +155,9 @@ class EventSummary:
                 self.phase = ev.get("phase", self.phase)
                 self.joined = int(ev.get("joined", self.joined) or 0)
             elif kind == "nodes":
+                self.joined = int(ev.get("joined", self.joined) or 0)
+            elif kind == "head_ready":
+                self.head_ready = True
                 self.joined = int(ev.get("joined", self.joined) or 0)
             elif kind == "ready":
                 self.ready = True
@@ -259,6 +263,9 @@ def derive_status(
     if events.ready:
         state = State.CONNECTED if connected else State.READY
         return replace(base, state=state, reason=_lost_text(events.nodes_lost))
+    if events.head_ready and connected:  # connected to the head while the workers join
+        joining = f"{base.nodes_joined}/{base.nodes_wanted} nodes joined"
+        return replace(base, state=State.CONNECTED, reason=joining)
     return replace(base, state=State.STARTING, reason=None, phase=events.phase or "job started")
 
 

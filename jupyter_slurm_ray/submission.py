@@ -1,19 +1,70 @@
 """Submitting a cluster's job so that no job is ever left without its record.
 
-When sbatch's outcome is unknown (it timed out, the SSH connection dropped during the submit),
-the job is looked up by its tag before anything is cleaned up, and adopted if it exists.
+The job dir root is checked and the script rendered before anything is written; the job dir
+is then written in one command and sbatch'd. When sbatch's outcome is unknown (it timed out,
+the SSH connection dropped during the submit), the job is looked up by its tag before anything
+is cleaned up, and adopted if it exists. When nothing was queued, nothing is left behind.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from .errors import SlurmError, SlurmRayError, SubmitOutcomeUnknown, TransportError
+from .jobdir import SCRIPT, JobDir, probe_site
+from .jobscript import render_job_script
 from .slurm import SlurmClient
+from .spec import ClusterSpec
+from .transport import Transport
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SubmitOutcomeUnknown", "submit_or_adopt"]
+__all__ = ["SubmitOutcomeUnknown", "prepare", "submit", "submit_or_adopt"]
+
+
+async def prepare(
+    transport: Transport, spec: ClusterSpec, cluster_id: str, job_dir: str | None = None
+) -> tuple[JobDir, str]:
+    """The job dir (its root checked; nothing written yet) and the job script for it."""
+    site = await probe_site(transport, spec.job_dir_root)
+    directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
+    script = render_job_script(
+        spec,
+        cluster_id=cluster_id,
+        job_dir=directory.path,
+        command=directory.bootstrap_command(spec.python),
+        exported=site.exported,
+    )
+    return directory, script
+
+
+async def submit(
+    slurm: SlurmClient,
+    job_dir: JobDir,
+    spec: ClusterSpec,
+    cluster_id: str,
+    *,
+    script: str,
+    lease: str,
+    timeout: float,
+    forget_record: Callable[[], None],
+) -> str:
+    """Write the job dir and submit it (or adopt what a lost answer queued): the job id.
+
+    Whatever fails before anything is queued removes the job dir and calls ``forget_record``.
+    """
+    try:
+        await job_dir.create(spec, cluster_id, script=script, lease=lease)
+    except SlurmRayError:
+        forget_record()  # nothing was written: leave nothing behind
+        raise
+    try:
+        return await submit_or_adopt(slurm, job_dir.file(SCRIPT), cluster_id, timeout=timeout)
+    except SlurmError:  # nothing was queued
+        forget_record()
+        await job_dir.remove()
+        raise
 
 
 async def submit_or_adopt(

@@ -21,14 +21,20 @@ __all__ = ["Transports"]
 class Transports:
     """The configured transport (made on first use) and the lookup of records' targets."""
 
-    def __init__(self, make_configured: Callable[[], Transport]) -> None:
+    def __init__(
+        self, make_configured: Callable[[], Transport], *, reconfigurable: bool = True
+    ) -> None:
         self._make_configured = make_configured
+        self._reconfigurable = reconfigurable
         self._configured: Transport | None = None
 
     def configured(self) -> Transport:
         """The transport this process's configuration describes: one instance per target,
-        reused (one SSH connection per login node), replaced when the configuration names
-        another target (e.g. after ``%config SlurmRay.login_host = …``)."""
+        reused (one SSH connection per login node). When ``reconfigurable`` (a kernel), it is
+        replaced once the configuration names another target (``%config SlurmRay.…``); a
+        server's configuration is fixed, so it is made once."""
+        if self._configured is not None and not self._reconfigurable:
+            return self._configured
         candidate = self._make_configured()
         if self._configured is None or self._configured.target != candidate.target:
             self._configured = candidate

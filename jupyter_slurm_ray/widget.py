@@ -1,8 +1,10 @@
 """``ClusterPanel``: the ipywidgets panel to request, watch, connect and stop a cluster.
 
-The form is filled from the effective settings (config, env, profile) and the partitions sinfo
-reports. Up/Stop/Connect run on the package's background loop, so a click never blocks the
-kernel; the live status, nodes bar and log tail are pushed from the cluster's observers.
+The form is filled from the effective settings (config, env, profile), the partitions sinfo
+reports and the user's accounts and QOSes (sacctmgr; the defaults selected). Up checks the
+request against all of them first. Up/Stop/Connect run on the package's background loop, so a
+click never blocks the kernel; the live status, nodes bar and log tail are pushed from the
+cluster's observers.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from .accounting import Accounting, load_accounting
 from .aio import background_loop, run_sync
 from .cluster import SlurmRayCluster
 from .config import effective_setting, load_profiles, profiles_path, resolve_spec
 from .errors import SlurmRayError
 from .live import StatusView
 from .session import Session, get_session
-from .sitecheck import check_against_partitions, describe_partition
+from .sitecheck import check_spec, describe_partition
 from .slurm import Partition, SlurmClient
 from .spec import ClusterSpec
 from .states import State, Status
@@ -36,8 +39,8 @@ _NARROW = widgets.Layout(width="16em")
 
 
 class ClusterPanel(widgets.VBox):
-    """A form (profile, partition, nodes, CPUs, GPUs, memory, walltime, name), Up / Stop /
-    Connect, and the live state of the cluster it started or was given."""
+    """A form (profile, partition, account, QOS, nodes, CPUs, GPUs, memory, walltime, name),
+    Up / Stop / Connect, and the live state of the cluster it started or was given."""
 
     def __init__(
         self,
@@ -49,6 +52,7 @@ class ClusterPanel(widgets.VBox):
         self.log_lines = log_lines
         self.cluster: SlurmRayCluster | None = None
         self.partitions: list[Partition] = []
+        self.accounting = Accounting(unavailable="not asked yet")
         self._stop_requested: set[str] = set()  # ids of clusters whose Stop was clicked
         self.message = widgets.HTML()
         self._build_form()
@@ -86,6 +90,8 @@ class ClusterPanel(widgets.VBox):
 
         self.profile = widgets.Dropdown(description="profile", style=_LABEL, layout=_WIDE)
         self.partition = widgets.Dropdown(description="partition", style=_LABEL, layout=_WIDE)
+        self.account = widgets.Dropdown(description="account", style=_LABEL, layout=_NARROW)
+        self.qos = widgets.Dropdown(description="QOS", style=_LABEL, layout=_NARROW)
         self.nodes = number("nodes", 1)
         self.cpus = number("CPUs/node", 0)
         self.gpus = number("GPUs/node", 0)
@@ -94,10 +100,13 @@ class ClusterPanel(widgets.VBox):
         self.name = text("name", "ray")
         self.cpus.tooltip = "0: the partition's default"
         self.profile.observe(lambda change: self._fill(change["new"]), "value")
+        self.account.observe(lambda change: self._offer_qos(change["new"]), "value")
+        self.partition.observe(lambda change: self._offer_qos(self.account.value), "value")
         self.form = widgets.VBox(
             [
                 self.profile,
                 self.partition,
+                widgets.HBox([self.account, self.qos]),
                 widgets.HBox([self.nodes, self.cpus, self.gpus]),
                 widgets.HBox([self.memory, self.walltime, self.name]),
             ]
@@ -107,12 +116,16 @@ class ClusterPanel(widgets.VBox):
         try:
             names = sorted(load_profiles(profiles_path(self.session.config)))
             self.partitions = run_sync(SlurmClient(self.session.transport()).partitions())
+            self.accounting = run_sync(load_accounting(self.session.transport()))
         except SlurmRayError as exc:
             self._error(str(exc))
             names = []
         self.partition.options = [("(Slurm's default)", "")] + [
             (describe_partition(p), p.name) for p in self.partitions
         ]
+        self._offer_accounts()
+        if self.accounting.unavailable:
+            self._note(f"account and QOS not checked: {self.accounting.unavailable}")
         default_profile, _ = effective_setting("default_profile", self.session.config)
         self.profile.options = [("(none)", ""), *((name, name) for name in names)]
         self.profile.value = default_profile if default_profile in names else ""
@@ -127,6 +140,8 @@ class ClusterPanel(widgets.VBox):
             return
         choices = {value for _, value in self.partition.options}
         self.partition.value = spec.partition if spec.partition in choices else ""
+        self._offer_accounts(spec.account)
+        self._offer_qos(self.account.value, spec.qos)
         self.nodes.value = spec.nodes
         self.cpus.value = spec.cpus_per_node or 0
         self.gpus.value = spec.gpus_per_node
@@ -134,10 +149,42 @@ class ClusterPanel(widgets.VBox):
         self.walltime.value = spec.time or ""
         self.name.value = spec.name
 
+    def _offer_accounts(self, wanted: str | None = None) -> None:
+        """The user's accounts, the default selected (or ``wanted``, e.g. a profile's)."""
+        accounts = self.accounting.accounts() if self.accounting.known else []
+        default = self.accounting.default_account
+        options = [(name + (" (default)" if name == default else ""), name) for name in accounts]
+        if wanted and wanted not in accounts:
+            options.append((f"{wanted} (not yours, per sacctmgr)", wanted))
+        self.account.options = options or [("(Slurm's default)", "")]
+        values = [value for _, value in self.account.options]
+        self.account.value = (
+            wanted if wanted in values else (default if default in values else values[0])
+        )
+
+    def _offer_qos(self, account: str, wanted: str | None = None) -> None:
+        """The QOSes of ``account`` (in the chosen partition), its default selected."""
+        partition = self.partition.value or self._default_partition()
+        names = self.accounting.qos_names(account, partition) if account else []
+        default = self.accounting.default_qos(account, partition) if account else None
+        options = [(name + (" (default)" if name == default else ""), name) for name in names]
+        if wanted and wanted not in names:
+            options.append((f"{wanted} (not allowed, per sacctmgr)", wanted))
+        current = self.qos.value
+        self.qos.options = options or [("(Slurm's default)", "")]
+        values = [value for _, value in self.qos.options]
+        keep = current if current in values and wanted is None else None
+        self.qos.value = wanted or keep or (default if default in values else values[0])
+
+    def _default_partition(self) -> str | None:
+        return next((p.name for p in self.partitions if p.is_default), None)
+
     def spec(self) -> ClusterSpec:
         """The spec the form asks for (SpecError when a field is not allowed)."""
         arguments = {
             "partition": self.partition.value or None,
+            "account": self.account.value or None,
+            "qos": self.qos.value or None,
             "nodes": self.nodes.value,
             "cpus_per_node": self.cpus.value or None,
             "gpus_per_node": self.gpus.value,
@@ -146,7 +193,7 @@ class ClusterPanel(widgets.VBox):
             "name": self.name.value.strip() or None,
         }
         spec, _ = resolve_spec(arguments, profile=self.profile.value, config=self.session.config)
-        check_against_partitions(spec.require_complete(), self.partitions)
+        check_spec(spec.require_complete(), self.partitions, self.accounting)
         return spec
 
     # -- actions (never block the kernel) -------------------------------------------------
@@ -190,8 +237,7 @@ class ClusterPanel(widgets.VBox):
             await cluster.down_async()
             return
         try:
-            await cluster.wait_ready_async()
-            await cluster.connect_async(timeout=self._connect_timeout())
+            await cluster.wait_up_async(connect_timeout=self._connect_timeout())
         except SlurmRayError:
             if cluster.id not in self._stop_requested:
                 raise  # a real failure; a stop on request is not one
@@ -246,6 +292,9 @@ class ClusterPanel(widgets.VBox):
         self.up_button.disabled = active
         self.stop_button.disabled = not active or state is State.STOPPING
         self.connect_button.disabled = state is not State.READY
+
+    def _note(self, text: str) -> None:
+        self.message.value = f'<span style="color:#6c757d">{html.escape(text, quote=False)}</span>'
 
     def _error(self, text: str) -> None:
         self.message.value = f'<span style="color:#c62828">{html.escape(text, quote=False)}</span>'

@@ -106,7 +106,7 @@ def started(shell: Shell, site) -> Iterator[dict]:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         result = shell.ip.run_cell(
-            f"%slurm_ray up -N 1 -p debug -t 10 -A proj1 -q normal -c 1 --mem 1500M -G 1 "
+            f"%slurm_ray up -N 1 -p debug -t 10 -A physics -q normal -c 1 --mem 1500M -G 1 "
             f"--name {name}"
         )
     assert result.error_in_exec is None, result.error_in_exec
@@ -126,7 +126,7 @@ def test_up_ends_connected_and_asks_slurm_for_the_options(started):
     job = job_fields(cluster.job_id)
     assert job["JobName"] == started["name"] and job["Partition"] == "debug"
     assert job["TimeLimit"] == "00:10:00" and job["NumNodes"] == "1"
-    assert job["Account"] == "proj1"
+    assert job["Account"] == "physics"
     # Without accounting, Slurm keeps no QOS; the submitted script shows it was asked for.
     assert "#SBATCH --qos=normal" in Path(job["Command"]).read_text().splitlines()
     assert job["MinMemoryNode"] == "1500M" and job["CPUs/Task"] == "1"
@@ -140,7 +140,7 @@ def test_up_printed_each_state_in_order_as_text_in_a_terminal(started):
     seen = list(dict.fromkeys(printed))
     order = ["SUBMITTING", "PENDING", "STARTING", "READY", "CONNECTED"]
     assert seen == [state for state in order if state in seen], started["out"]
-    assert {"PENDING", "STARTING", "CONNECTED"} <= set(seen)
+    assert {"PENDING", "STARTING", "CONNECTED"} <= set(seen), started["out"]
     assert f"{started['name']} (" in started["out"].splitlines()[-2]  # the summary line
 
 

@@ -45,7 +45,9 @@ Every event line has t (time.time()), event, host and role (head|worker); then:
     nodes                joined, wanted, hosts: the set of alive nodes changed
     node_lost            hosts, reason, joined, wanted, log: nodes left after ready
     worker_starting / worker_joined / worker_retry / worker_stopped   (role worker)
-    ready                gcs_address, node_count, elapsed
+    head_ready           joined, wanted: the head answers (connection.json written): clients
+                         may connect while the workers still join
+    ready                gcs_address, node_count, elapsed: every node joined
     walltime_warning, lease_stale (idle_timeout), error (reason, log), stopped
                          (reason, exit_code, killed)
 

@@ -15,10 +15,12 @@ from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
 from nodewatch import NodeWatch
 from portconflict import PortConflict
-from rayargs import ray_versions, require_command
+from rayargs import ray_environment, ray_versions, require_command
 from workerstep import WorkerStep
 
 WATCH_PERIOD = 2.0  # node-count poll period once ready (s)
+# Ray's and Python's versions as the nodes run them, and the seconds `import ray` takes there
+Versions = tuple[str | None, str | None, float | None]
 
 
 class HeadRun(NodeRun):
@@ -58,12 +60,12 @@ class HeadRun(NodeRun):
         if self.wanted > 1:
             self.events.phase("workers_starting", workers=self.wanted - 1)
             self.worker_step.start(srun, self.job_dir, self.wanted - 1)
-        versions = ray_versions(ray)
+        versions = self.probe_versions(ray)
         while True:
             assert self.plan is not None
             dashboard = Dashboard(self.plan.ip, self.plan.block.ports["dashboard"], self.token())
             try:
-                stop = self.wait_until_ready(dashboard)
+                stop = self.wait_until_ready(dashboard, versions)
                 break
             except PortConflict as conflict:
                 with contextlib.suppress(OSError):  # the workers wait for the new one
@@ -73,6 +75,7 @@ class HeadRun(NodeRun):
         if stop:
             return stop
         self.write_connection(versions)
+        self.announce_ready()
         return self.supervise(dashboard)
 
     def start_head(self, ray: str, toward: str | None) -> None:
@@ -84,6 +87,15 @@ class HeadRun(NodeRun):
         self.write_head_json()
         self.events.phase("head_starting", head_ip=plan.ip, temp_dir=str(plan.temp_dir))
         self.start_ray(plan.head_argv(ray, self.config), f"ray-head-{plan.host}.log")
+
+    def probe_versions(self, ray: str) -> Versions:
+        """Ray's and Python's versions, and the cost of `import ray` that each of Ray's Python
+        processes pays (measured while the head starts; ``doctor`` reports it when slow)."""
+        assert self.plan is not None and self.config is not None
+        env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
+        versions = ray_versions(ray, env)
+        self.events.emit("import_ray", seconds=versions[2], ray_version=versions[0])
+        return versions
 
     @property
     def wanted(self) -> int:
@@ -130,10 +142,14 @@ class HeadRun(NodeRun):
 
     # ----- start
 
-    def wait_until_ready(self, dashboard: Dashboard) -> str | None:
-        """Poll until every node is alive; returns a stop reason if asked to stop meanwhile."""
+    def wait_until_ready(self, dashboard: Dashboard, versions: Versions) -> str | None:
+        """Poll until every node is alive; returns a stop reason if asked to stop meanwhile.
+
+        As soon as the head answers (dashboard and Ray Client port), connection.json is
+        written and ``head_ready`` told: clients connect while the workers still join.
+        """
         assert self.plan is not None
-        head_up = False
+        head_up = head_ready = False
         while True:
             self.read_worker_events(ready=False)
             self.check_ports()
@@ -151,9 +167,12 @@ class HeadRun(NodeRun):
                     self.events.phase("head_up", dashboard_port=self.plan.block.ports["dashboard"])
                     self.events.phase("waiting_for_nodes", joined=len(alive), wanted=self.wanted)
                 self.nodes.note(alive)
-                if len(alive) >= self.wanted and port_open(
-                    self.plan.ip, self.plan.block.ports["client"]
-                ):
+                client_open = port_open(self.plan.ip, self.plan.block.ports["client"])
+                if client_open and not head_ready:
+                    head_ready = True
+                    self.write_connection(versions)
+                    self.events.emit("head_ready", joined=len(alive), wanted=self.wanted)
+                if len(alive) >= self.wanted and client_open:
                     return None
             time.sleep(API_PERIOD)
 
@@ -184,7 +203,8 @@ class HeadRun(NodeRun):
         )
         return BootstrapError(reason, self.worker_step.log_lines())
 
-    def write_connection(self, versions: tuple[str | None, str | None]) -> None:
+    def write_connection(self, versions: Versions) -> None:
+        """connection.json: what a client needs to connect, with the nodes joined so far."""
         assert self.plan is not None and self.config is not None
         ports = self.plan.block.ports
         nodes = [{"host": self.nodes.host(ip), "ip": ip} for ip in self.nodes.joined]
@@ -199,17 +219,20 @@ class HeadRun(NodeRun):
             "ports": ports,
             "ray_version": versions[0],
             "python_version": versions[1],
+            "import_ray_seconds": versions[2],
             "node_count": len(nodes),
             "nodes": nodes,
             "temp_dir": str(self.plan.temp_dir),
             "ready_at": time.time(),
         }
         write_json_atomic(self.job_dir / "connection.json", connection)
-        elapsed = round(time.monotonic() - self.started, 2)
-        self.events.phase("ready", joined=len(nodes), wanted=self.wanted)
-        self.events.emit(
-            "ready", gcs_address=connection["gcs_address"], node_count=len(nodes), elapsed=elapsed
-        )
+
+    def announce_ready(self) -> None:
+        assert self.plan is not None
+        joined, elapsed = len(self.nodes.joined), round(time.monotonic() - self.started, 2)
+        gcs = f"{self.plan.ip}:{self.plan.block.ports['gcs']}"
+        self.events.phase("ready", joined=joined, wanted=self.wanted)
+        self.events.emit("ready", gcs_address=gcs, node_count=joined, elapsed=elapsed)
 
     # ----- supervision
 

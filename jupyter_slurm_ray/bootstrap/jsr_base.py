@@ -98,10 +98,12 @@ def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600) -> No
     os.replace(tmp, path)
 
 
-def run_text(argv: list[str], timeout: float = 10.0) -> str:
+def run_text(argv: list[str], timeout: float = 10.0, env: dict[str, str] | None = None) -> str:
     """stdout of a short command, or "" if it is missing, fails or hangs."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout if done.returncode == 0 else ""

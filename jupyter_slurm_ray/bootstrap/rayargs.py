@@ -166,6 +166,9 @@ def plan_node(
 
 
 def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dict[str, str]:
+    """The environment of this node's Ray processes: token auth on, the pinned metric ports,
+    the user's ``env``, and ``sitepath/`` first on PYTHONPATH (its sitecustomize defers imports
+    that cost seconds in each of Ray's processes; see there)."""
     env = dict(os.environ)
     env.update(
         RAY_AUTH_MODE="token",
@@ -175,6 +178,8 @@ def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dic
         DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]),
     )
     env.update({str(k): str(v) for k, v in config.env.items()})
+    site = str(job_dir / "bootstrap" / "sitepath")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -197,14 +202,17 @@ def ray_interpreter(ray: str) -> str | None:
     return words[0] if words else None
 
 
-def ray_versions(ray: str) -> tuple[str | None, str | None]:
-    """(Ray version, Python version) of the interpreter behind `ray`, without importing ray."""
+def ray_versions(
+    ray: str, env: dict[str, str] | None = None
+) -> tuple[str | None, str | None, float | None]:
+    """(Ray version, Python version, seconds ``import ray`` took) of the interpreter behind
+    `ray`, in the environment of Ray's processes (``env``): the import every one of them pays."""
     python = ray_interpreter(ray)
     if python:
-        probe = "import importlib.metadata as m, platform as p\n"
-        probe += "print(m.version('ray'), p.python_version())"
-        words = run_text([python, "-c", probe], timeout=30).split()
-        if len(words) == 2:
-            return words[0], words[1]
+        probe = "import platform, time\nstarted = time.perf_counter()\nimport ray\n"
+        probe += "print(ray.__version__, platform.python_version(), time.perf_counter() - started)"
+        words = run_text([python, "-c", probe], timeout=60, env=env).split()
+        if len(words) == 3:
+            return words[0], words[1], round(float(words[2]), 3)
     match = re.search(r"version (\S+)", run_text([ray, "--version"], timeout=60))
-    return (match.group(1) if match else None), None
+    return (match.group(1) if match else None), None, None

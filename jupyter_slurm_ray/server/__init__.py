@@ -2,8 +2,10 @@
 
 Routes (under the server's ``base_url``):
 
-- ``slurm-ray/api/clusters`` (GET list, POST create) and ``slurm-ray/api/clusters/<id>``
-  (GET with events and log tail, DELETE stop) — see ``handlers.py`` and ``manager.py``;
+- ``slurm-ray/api/clusters`` (GET list, ``?usage=true`` with usage; POST create, checked
+  against the site first) and ``slurm-ray/api/clusters/<id>`` (GET with events, log tail and
+  usage; DELETE stop), ``…/<id>/extend`` (POST: more walltime) — see ``handlers.py`` and
+  ``manager.py``;
 - ``slurm-ray/dashboard/<id>/…`` — the cluster's Ray dashboard, see ``proxy.py``.
 
 Kernels started by this server find the dashboard prefix in ``$JUPYTER_SLURM_RAY_DASHBOARD_BASE``
@@ -46,7 +48,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     retention_days, _ = effective_setting("record_retention_days", config)
     manager = ClusterManager(
         registry,
-        Transports(lambda: make_transport(config)),
+        Transports(lambda: make_transport(config), reconfigurable=False),
         resolve_spec=lambda settings, profile: resolve_spec(
             settings, profile=profile, config=config
         )[0],

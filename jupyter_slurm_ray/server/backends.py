@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -26,11 +27,12 @@ from ..jobdir import JobDir
 from ..registry import ClusterRecord, Registry
 from ..states import State, Status
 from ..transport import Forward, Transport
+from .keepalive import KeepAliveClient
 
 log = logging.getLogger(__name__)
 
 TransportLookup = Callable[[ClusterRecord], Transport]
-StatusLookup = Callable[[str], Awaitable[Status | None]]
+StatusLookup = Callable[[ClusterRecord], Awaitable[Status]]
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class DashboardBackends:
         self._status_of = status_of
         self._cache: dict[str, _Cached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._records: dict[str, tuple[tuple[int, int, int], ClusterRecord]] = {}
+        self.client = KeepAliveClient()  # the proxy's connections to the heads
 
     async def resolve(self, cluster_id: str) -> DashboardBackend:
         record = self._record(cluster_id)
@@ -91,8 +95,7 @@ class DashboardBackends:
         now (a record left READY by an owner that died is not believed)."""
         state = State(record.state)
         if not state.is_final and self._status_of is not None:
-            status = await self._status_of(record.id)
-            state = status.state if status is not None else state
+            state = (await self._status_of(record)).state
         if state.is_final:
             self.forget(record.id)
             raise DashboardUnavailable(
@@ -106,6 +109,22 @@ class DashboardBackends:
             cached.forward.close()
 
     def _record(self, cluster_id: str) -> ClusterRecord:
+        """The record, read again only when its file changed (one stat per request)."""
+        try:
+            info = os.stat(self.registry.record_path(cluster_id))
+        except (OSError, SlurmRayError):
+            info = None
+        if info is not None:
+            key = (info.st_mtime_ns, info.st_size, info.st_ino)
+            cached = self._records.get(cluster_id)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        record = self._read_record(cluster_id)
+        if info is not None:
+            self._records[cluster_id] = (key, record)
+        return record
+
+    def _read_record(self, cluster_id: str) -> ClusterRecord:
         try:
             record = self.registry.load(cluster_id)
         except RegistryError as exc:

@@ -1,5 +1,9 @@
 """REST handlers of ``/slurm-ray/api/clusters``: thin translations of HTTP to ``ClusterManager``.
 
+- ``GET clusters[?usage=true]``, ``POST clusters``; ``GET|DELETE clusters/<id>``;
+- ``POST clusters/<id>/extend`` ``{"amount": "+30"}``: 200 with the new time left, 403 with
+  Slurm's words when the site refuses.
+
 Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
 """
 
@@ -17,6 +21,7 @@ from tornado import web
 
 from ..errors import (
     Conflict,
+    ExtendRefused,
     NotFound,
     SlurmError,
     SlurmRayError,
@@ -53,6 +58,8 @@ def _as_http_errors() -> Iterator[None]:
         raise ApiError(409, str(exc)) from None
     except SlurmUnavailable as exc:
         raise ApiError(503, f"Slurm did not answer: {exc}") from None
+    except ExtendRefused as exc:  # Slurm's policy, in Slurm's words
+        raise ApiError(403, str(exc)) from None
     except SlurmError as exc:  # Slurm refused the request as asked (e.g. no such partition)
         raise ApiError(400, str(exc)) from None
     except SlurmRayError as exc:
@@ -87,8 +94,11 @@ class ClusterListHandler(_ClustersHandler):
 
     @web.authenticated
     async def get(self) -> None:
+        usage = self.get_argument("usage", "false")
+        if usage not in ("true", "false"):
+            raise ApiError(400, f"usage: {usage!r} is not true or false", "usage")
         with _as_http_errors():
-            listing = await self.manager.list()
+            listing = await self.manager.list(usage=usage == "true")
         listing["clusters"] = [self._with_links(c) for c in listing["clusters"]]
         self.finish(json.dumps(listing))
 
@@ -129,10 +139,25 @@ class ClusterHandler(_ClustersHandler):
         self.finish(json.dumps(self._with_links(view)))
 
 
+class ExtendHandler(_ClustersHandler):
+    """``POST {"amount": "+30"}``: add walltime to the cluster's job (scontrol update)."""
+
+    @web.authenticated
+    async def post(self, cluster_id: str) -> None:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+        with _as_http_errors():
+            view = await self.manager.extend(cluster_id, body)
+        self.finish(json.dumps(self._with_links(view)))
+
+
 def route_specs(base_url: str, manager: ClusterManager) -> list[tuple[str, type, dict]]:
     prefix = url_path_join(base_url, API_PREFIX, "clusters")
     kwargs = {"manager": manager}
     return [
         (prefix, ClusterListHandler, kwargs),
+        (prefix + r"/([^/]+)/extend", ExtendHandler, kwargs),
         (prefix + r"/([^/]+)", ClusterHandler, kwargs),
     ]

@@ -1,5 +1,8 @@
 """The clusters the Jupyter server shows: the registry reconciled with Slurm, stop, create,
-forget, and the housekeeping that leaves nothing behind.
+forget, extend, and the housekeeping that leaves nothing behind.
+
+Each view also carries the walltime (time left, whether the warning is due), the queue insight
+of a pending cluster, and (on request, ``sacct`` answers kept by ``usage.py``) its usage.
 
 Plain asyncio, no web framework, so it is tested on its own. Listing costs at most one Slurm
 query per target per ``refresh_interval`` seconds, however many browsers poll (see
@@ -13,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..cluster import SlurmRayCluster
@@ -21,12 +25,16 @@ from ..errors import Conflict, NotFound, SlurmRayError, SpecError
 from ..inventory import Entry, Inventory, tag_matches
 from ..jobdir import EVENTS, JobDir, parse_events
 from ..naming import is_cluster_id
-from ..registry import Registry
+from ..queueinfo import queue_insight
+from ..registry import ClusterRecord, Registry
+from ..sitecheck import check_with_slurm
 from ..slurm import SlurmClient
 from ..spec import ClusterSpec
 from ..states import Status
 from ..targets import Transports
 from ..transport import Transport
+from ..usage import Usage, fetch_usages
+from ..walltime import extend_walltime, parse_extension, warning_due
 
 log = logging.getLogger(__name__)
 
@@ -63,26 +71,39 @@ class ClusterManager:
         return self.inventory.slurm_queries
 
     # -- reading ----------------------------------------------------------------------------
-    async def list(self) -> dict[str, Any]:
+    async def list(self, *, usage: bool = False) -> dict[str, Any]:
         """Every cluster in the registry, oldest first, with its state reconciled with Slurm;
-        unreadable records last."""
+        unreadable records last. With ``usage``, each carries the compact form of its usage
+        (one ``sacct`` per target for the clusters whose usage is not known yet or is stale)."""
         entries = await self.inventory.entries()
+        views = [self.view(e) for e in entries]
+        if usage:
+            found = await self._usages(entries)
+            for view, entry in zip(views, entries, strict=True):
+                known = found.get(entry.id)
+                view["usage"] = known.compact() if known is not None else None
         return {
-            "clusters": [self.view(e) for e in entries],
+            "clusters": views,
             "reconciled_at": self.inventory.reconciled_at,
             "slurm_queries": self.slurm_queries,
         }
 
     async def get(self, cluster_id: str, *, events: int = 50, log_lines: int = 100) -> dict:
-        """One cluster with its recent bootstrap events and the tail of its job output."""
+        """One cluster with its recent bootstrap events, the tail of its job output and its
+        usage (sacct)."""
         entry = await self._entry(cluster_id)
         view = self.view(entry)
-        view["events"], view["log_tail"] = [], ""
+        view["events"], view["log_tail"], view["usage"] = [], "", None
         record = entry.record
         if record is None or not record.job_dir or not self.transports.reaches(record.target):
             return view
+        known = (await self._usages([entry])).get(entry.id)
+        view["usage"] = known.to_dict() if known is not None else None
         job_dir = JobDir(self.transports.for_target(record.target), record.job_dir)
         view["events"] = await _recent_events(job_dir, events)
+        if any(e.get("event") == "walltime_warning" for e in view["events"]):  # the job's word
+            warned = replace(entry.status, walltime_warning=True)
+            view["walltime_warning"] = warning_due(warned, view["walltime_warning_seconds"])
         if record.job_id:
             try:
                 view["log_tail"] = await job_dir.logs(record.job_id, None, log_lines)
@@ -90,11 +111,9 @@ class ClusterManager:
                 view["log_tail"] = f"(logs unavailable: {exc})"
         return view
 
-    async def status(self, cluster_id: str) -> Status | None:
-        """The cluster's reconciled status (None when there is no such record)."""
-        with contextlib.suppress(NotFound):
-            return (await self._entry(cluster_id)).status
-        return None
+    async def status(self, record: ClusterRecord) -> Status:
+        """A record's status reconciled with Slurm (from the listing's shared snapshot)."""
+        return await self.inventory.status_of(record)
 
     def transport(self, target: str) -> Transport:
         """The configured transport, if ``target`` (a record's) names it; else UnknownTarget."""
@@ -129,7 +148,8 @@ class ClusterManager:
         return {"id": entry.id, "forgotten": True}
 
     async def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Submit a cluster from a profile plus settings; this server owns it (lease)."""
+        """Submit a cluster from a profile plus settings, once the site check (partition,
+        account, QOS, their limits) passed; this server owns it (lease)."""
         if not isinstance(body, Mapping):
             raise SpecError("body", body, "a JSON object of cluster settings")
         settings = dict(body)
@@ -137,12 +157,33 @@ class ClusterManager:
         if profile is not None and not isinstance(profile, str):
             raise SpecError("profile", profile, "the name of a profile")
         spec = self._resolve_spec(settings, profile).require_complete()
-        cluster = SlurmRayCluster(spec, self.transports.configured(), registry=self.registry)
+        transport = self.transports.configured()
+        checked = await check_with_slurm(spec, transport)
+        cluster = SlurmRayCluster(spec, transport, registry=self.registry)
         await cluster.up_async(wait=False)
         self._owned[cluster.id] = cluster
         self.inventory.expire()
         log.info("created cluster %s (job %s) from profile %s", cluster.id, cluster.job_id, profile)
-        return self.view(await self._entry(cluster.id))
+        view = self.view(await self._entry(cluster.id))
+        view["checks"] = list(checked.notes)
+        return view
+
+    async def extend(self, cluster_id: str, body: Any) -> dict[str, Any]:
+        """Add walltime to an active cluster's job (``{"amount": "+30"}``); ExtendRefused with
+        Slurm's words when the site does not allow it."""
+        amount = body.get("amount") if isinstance(body, Mapping) else None
+        parse_extension(amount)
+        entry = await self._entry(cluster_id)
+        record = entry.record
+        if record is None or not entry.active or not record.job_id:
+            raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be extended")
+        slurm = SlurmClient(self.transports.for_target(record.target))
+        extension = await extend_walltime(slurm, record.job_id, amount)
+        log.info("extended job %s of %s by %d min", record.job_id, cluster_id, extension.minutes)
+        self.inventory.expire()
+        view = self.view(await self._entry(cluster_id))
+        view["extended_by_minutes"] = extension.minutes
+        return view
 
     def owns(self, cluster_id: str) -> bool:
         return cluster_id in self._owned
@@ -209,6 +250,23 @@ class ClusterManager:
         await self.transports.close()
 
     # -- views ------------------------------------------------------------------------------
+    async def _usages(self, entries: Sequence[Entry]) -> dict[str, Usage]:
+        """Usage per cluster id, for the entries with a job on a target reached here."""
+        by_target: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for entry in entries:
+            record = entry.record
+            if record is None or not record.job_id or not self.transports.reaches(record.target):
+                continue
+            if entry.status.state.value in ("SUBMITTING", "PENDING"):
+                continue
+            by_target.setdefault(record.target, []).append((entry.id, (record.job_id,)))
+        found: dict[str, Usage] = {}
+        for target, wanted in by_target.items():
+            transport = self.transports.for_target(target)
+            usages = await fetch_usages(transport, [key for _, key in wanted])
+            found.update({cluster_id: usages[key] for cluster_id, key in wanted})
+        return found
+
     async def _entry(self, cluster_id: str) -> Entry:
         for entry in await self.inventory.entries():
             if entry.id == cluster_id:
@@ -262,7 +320,27 @@ class ClusterManager:
             "created_at": record.created_at,
             "updated_at": record.updated_at,
             "attach_command": f"%slurm_ray attach {record.name}",
+            **_walltime_and_queue(record, status),
         }
+
+
+def _walltime_and_queue(record: ClusterRecord, status: Status) -> dict[str, Any]:
+    """The walltime warning (due now?), the queue insight of a pending cluster, and what the
+    sidebar needs to offer Extend."""
+    spec = record.spec or {}
+    warning = spec.get("walltime_warning")
+    warning_seconds = warning if isinstance(warning, int) and not isinstance(warning, bool) else 120
+    partition = spec.get("partition") if isinstance(spec.get("partition"), str) else None
+    queue = queue_insight(status, partition=partition, nodes=record.nodes_wanted)
+    return {
+        "walltime_warning": warning_due(status, warning_seconds),
+        "walltime_warning_seconds": warning_seconds,
+        "partition": partition,
+        "account": spec.get("account") if isinstance(spec.get("account"), str) else None,
+        "qos": spec.get("qos") if isinstance(spec.get("qos"), str) else None,
+        "queue": queue.to_dict() if queue is not None else None,
+        "extendable": not status.state.is_final and bool(record.job_id),
+    }
 
 
 async def _recent_events(job_dir: JobDir, count: int) -> list[dict]:

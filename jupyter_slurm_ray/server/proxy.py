@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from jupyter_server.utils import origin_matches_pat, url_path_join
-from jupyter_server_proxy.handlers import ProxyHandler, RewritableResponse
+from jupyter_server_proxy.handlers import ProxyHandler
 from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
@@ -57,6 +57,18 @@ _DROPPED_REQUEST_HEADERS = (
     "Host",
 )
 _DROPPED_QUERY_KEYS = frozenset({"token", "_xsrf"})
+# As jupyter-server-proxy drops them before forwarding.
+_HOP_BY_HOP_REQUEST = (
+    "Proxy-Connection",
+    "Keep-Alive",
+    "Transfer-Encoding",
+    "TE",
+    "Connection",
+    "Trailer",
+    "Upgrade",
+    "Proxy-Authorization",
+    "Proxy-Authenticate",
+)
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _NAVIGATIONS = frozenset({"document", "iframe", "frame", "embed", "object"})
 _NOT_UP_YET = frozenset({"SUBMITTING", "PENDING", "STARTING"})
@@ -107,18 +119,16 @@ def _only_the_registered_backend(handler: Any, host: str) -> bool:
     return backend is not None and host == backend.host
 
 
-def _inject_storage_shim(response: RewritableResponse) -> None:
-    """``rewrite_response``: the storage stand-ins go first into every HTML page."""
-    if not response.headers.get("Content-Type", "").startswith("text/html"):
-        return
-    if response.headers.get("Content-Encoding", "identity") != "identity":
+def with_storage_shim(headers: httputil.HTTPHeaders, body: bytes) -> bytes:
+    """An HTML page's body with the storage stand-ins first in it; other bodies unchanged."""
+    if not headers.get("Content-Type", "").startswith("text/html"):
+        return body
+    if headers.get("Content-Encoding", "identity") != "identity":
         log.warning("a compressed dashboard page got no storage shim")
-        return
-    body = response.body or b""
-    shim = _STORAGE_SHIM.encode()
+        return body
     match = _HEAD_TAG.search(body)
     at = match.end() if match else 0
-    response.body = body[:at] + shim + body[at:]
+    return body[:at] + _STORAGE_SHIM.encode() + body[at:]
 
 
 class DashboardError(web.HTTPError):
@@ -183,7 +193,6 @@ class _DashboardProxy(ProxyHandler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("host_allowlist", _only_the_registered_backend)
         kwargs.setdefault("absolute_url", False)
-        kwargs.setdefault("rewrite_response", (_inject_storage_shim,))
         super().__init__(*args, **kwargs)
 
     def initialize(self, backends: DashboardBackends, capabilities: DashboardCapabilities) -> None:
@@ -310,6 +319,39 @@ class _DashboardProxy(ProxyHandler):
             raise self._backend_failed(exc) from None
         if self.get_status() == 599 and not self._headers_written:  # the event-stream path
             raise self._backend_failed("no answer")
+
+    async def proxy(self, host: str, port: int, proxied_path: str) -> None:
+        """jupyter-server-proxy's buffered path over kept-alive connections; event streams
+        (and anything else) go its own way."""
+        if self.request.headers.get("Accept") == "text/event-stream":
+            return await super().proxy(host, port, proxied_path)
+        if not self._check_host_allowlist(host):
+            raise web.HTTPError(403, f"host {host!r} is not this cluster's dashboard")
+        for name in _HOP_BY_HOP_REQUEST:
+            self.request.headers.pop(name, None)
+        self._record_activity()
+        body = self.request.body or (b"" if self.request.method in ("POST", "PUT") else None)
+        request = self._build_proxy_request(host, port, proxied_path, body)
+        response = await self.backends.client.fetch(request)  # 599 when the head is gone
+        self._record_activity()
+        self._relay(response, host, port, proxied_path)
+
+    def _relay(
+        self, response: httpclient.HTTPResponse, host: str, port: int, proxied_path: str
+    ) -> None:
+        """The head's answer as this response (jupyter-server-proxy's rules for headers and
+        redirects; HTML pages get the storage stand-ins)."""
+        self.set_status(response.code, response.reason)
+        self._headers = httputil.HTTPHeaders()  # not Tornado's defaults: only the head's
+        for name, value in response.headers.get_all():
+            if name in ("Content-Length", "Transfer-Encoding", "Connection"):
+                continue
+            if name == "Location" and response.code in (301, 302, 303, 307, 308):
+                value = self._rewrite_location_header(value, host, port, proxied_path)
+            self.add_header(name, value)
+        body = with_storage_shim(response.headers, response.body or b"")
+        if body:
+            self.write(body)
 
     async def _forward_any(self, *args: Any) -> None:
         await self._forward()

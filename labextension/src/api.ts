@@ -42,6 +42,50 @@ export interface ICluster {
   /** The record file could not be read: only `id` (and `error`) mean something. */
   unreadable?: boolean;
   error?: string | null;
+  /** The walltime is almost over (the job's SIGUSR1 event, or Slurm's time left). */
+  walltime_warning?: boolean;
+  /** How long before the end the job is warned (its `walltime_warning` setting), seconds. */
+  walltime_warning_seconds?: number;
+  /** Its time limit can be raised (`extendCluster`): it is still active. */
+  extendable?: boolean;
+  partition?: string | null;
+  account?: string | null;
+  qos?: string | null;
+  /** Why a PENDING cluster waits, in plain words (null otherwise). */
+  queue?: IQueueInsight | null;
+  /** What its Slurm jobs used: compact in the listing (`?usage=true`), full in details. */
+  usage?: IUsage | null;
+}
+
+/** Slurm's pending reason explained, what to do, and what it waits for. */
+export interface IQueueInsight {
+  reason: string;
+  meaning: string;
+  action: string | null;
+  /** As requested, Slurm will never start it (e.g. over a QOS limit). */
+  never_starts: boolean;
+  hint: string | null;
+  estimated_start: string | null;
+}
+
+/** Usage from sacct. The listing carries the first six fields only. */
+export interface IUsage {
+  available: boolean;
+  final: boolean;
+  cpu_hours: number;
+  gpu_hours: number;
+  /** CPU time used over allocated, 0..1; null until the jobs ended. */
+  cpu_efficiency: number | null;
+  /** The largest RSS of any node, bytes. */
+  max_rss: number | null;
+  unavailable?: string | null;
+  job_ids?: string[];
+  elapsed?: number;
+  cpu_used_seconds?: number;
+  max_rss_by_node?: Record<string, number>;
+  max_rss_node?: string | null;
+  /** `used 0.1 CPU-hours, 0 GPU-hours, CPU efficiency 34 %, max RSS 1.2 GiB on node1`. */
+  summary?: string;
 }
 
 /** The listing, with the time Slurm was last asked. */
@@ -73,10 +117,11 @@ const settings = (): ServerConnection.ISettings => ServerConnection.makeSettings
 async function request<T>(
   path: string,
   init: RequestInit = {},
-  prefix = 'slurm-ray/api/clusters'
+  prefix = 'slurm-ray/api/clusters',
+  query = ''
 ): Promise<T> {
   const s = settings();
-  const url = URLExt.join(s.baseUrl, prefix, path);
+  const url = URLExt.join(s.baseUrl, prefix, path) + query;
   let response: Response;
   try {
     response = await ServerConnection.makeRequest(url, init, s);
@@ -96,7 +141,9 @@ async function request<T>(
   return data as T;
 }
 
-export const listClusters = (): Promise<IClusterList> => request<IClusterList>('');
+/** Every cluster, each with the compact form of its usage. */
+export const listClusters = (): Promise<IClusterList> =>
+  request<IClusterList>('', {}, undefined, '?usage=true');
 
 export const getCluster = (id: string, tail = 200): Promise<IClusterDetails> =>
   request<IClusterDetails>(`${encodeURIComponent(id)}?tail=${tail}&events=100`);
@@ -107,6 +154,16 @@ export const stopCluster = (id: string): Promise<ICluster> =>
 /** Delete the record of an ended (or unreadable) cluster; 409 while it is still active. */
 export const forgetCluster = (id: string): Promise<unknown> =>
   request<unknown>(`${encodeURIComponent(id)}?forget=true`, { method: 'DELETE' });
+
+/**
+ * Add walltime (`+30` minutes, or a Slurm duration like `+1:00:00`). A 403 carries Slurm's
+ * refusal and what to do; the answer has the new `time_left`.
+ */
+export const extendCluster = (id: string, amount: string): Promise<ICluster> =>
+  request<ICluster>(`${encodeURIComponent(id)}/extend`, {
+    method: 'POST',
+    body: JSON.stringify({ amount })
+  });
 
 export const createCluster = (settings: Record<string, unknown>): Promise<ICluster> =>
   request<ICluster>('', { method: 'POST', body: JSON.stringify(settings) });

@@ -11,8 +11,10 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 
-import { ApiError, createCluster, forgetCluster, stopCluster } from './api';
+import { ApiError, createCluster, extendCluster, forgetCluster, stopCluster } from './api';
 import { openDashboard } from './dashboard';
+import { showDetails } from './details';
+import { hms } from './format';
 import { showLogs } from './logs';
 
 export namespace CommandIDs {
@@ -21,6 +23,8 @@ export namespace CommandIDs {
   export const forget = 'slurm-ray:forget';
   export const copyAttach = 'slurm-ray:copy-attach';
   export const showLogs = 'slurm-ray:show-logs';
+  export const showDetails = 'slurm-ray:show-details';
+  export const extend = 'slurm-ray:extend';
   export const refresh = 'slurm-ray:refresh';
   export const create = 'slurm-ray:create';
   export const showSidebar = 'slurm-ray:show-sidebar';
@@ -156,6 +160,53 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.showDetails, {
+    label: 'Slurm Ray: Show Cluster Details',
+    caption: 'Why it waits, its walltime, and what it used (CPU- and GPU-hours, memory)',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (picked?.id) {
+        await showDetails(app, picked.id, picked.name, CommandIDs.extend, commands);
+      }
+    }
+  });
+
+  commands.addCommand(CommandIDs.extend, {
+    label: 'Slurm Ray: Extend Walltime…',
+    caption: "Add walltime to the cluster's Slurm job (if the site allows it)",
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (!picked?.id) {
+        return;
+      }
+      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
+      const amount = await InputDialog.getText({
+        title: `Extend the walltime of ${label}`,
+        label: 'Walltime to add: +30 (minutes) or a Slurm duration like +1:00:00',
+        text: '+30'
+      });
+      if (!amount.button.accept || !amount.value) {
+        return;
+      }
+      try {
+        const extended = await extendCluster(picked.id, amount.value);
+        Notification.success(`${label}: walltime extended, ${hms(extended.time_left)} left.`, {
+          autoClose: 8000
+        });
+      } catch (error) {
+        const refused = error instanceof ApiError && error.status === 403;
+        const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
+        await showErrorMessage(
+          refused
+            ? 'Slurm refused to extend the walltime'
+            : `Could not extend the walltime${field}`,
+          (error as Error).message
+        );
+      }
+      await ctx.refresh();
+    }
+  });
+
   commands.addCommand(CommandIDs.refresh, {
     label: 'Slurm Ray: Refresh Clusters',
     execute: () => ctx.refresh()
@@ -208,5 +259,7 @@ export const paletteCommands = [
   CommandIDs.stop,
   CommandIDs.forget,
   CommandIDs.copyAttach,
-  CommandIDs.showLogs
+  CommandIDs.showLogs,
+  CommandIDs.showDetails,
+  CommandIDs.extend
 ];

@@ -97,3 +97,138 @@ export function ownerText(cluster: ICluster): string {
   }
   return `${who} (pid ${cluster.owner_pid} on ${cluster.owner_host})`;
 }
+
+/** `1.2 GiB` from bytes; `—` when unknown. */
+export function bytesText(bytes: number | null | undefined): string {
+  if (typeof bytes !== 'number' || bytes < 0) {
+    return '—';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${value} B` : `${value.toFixed(1)} ${units[unit]}`;
+}
+
+/** `0`, `0.012`, `0.12`, `4`, `12.3`: hours with two significant figures below 10. */
+export function hoursText(hours: number): string {
+  if (!hours) {
+    return '0';
+  }
+  return hours >= 10 ? hours.toFixed(1) : String(Number(hours.toPrecision(2)));
+}
+
+/** The listing's usage in a few words: `0.12 CPU-h · 1 GPU-h · 34 % CPU`; null without any. */
+export function usageShort(cluster: ICluster): string | null {
+  const usage = cluster.usage;
+  if (!usage) {
+    return null;
+  }
+  if (!usage.available) {
+    return 'no accounting';
+  }
+  const parts = [`${hoursText(usage.cpu_hours)} CPU-h`];
+  if (usage.gpu_hours > 0) {
+    parts.push(`${hoursText(usage.gpu_hours)} GPU-h`);
+  }
+  if (typeof usage.cpu_efficiency === 'number') {
+    parts.push(`${Math.round(usage.cpu_efficiency * 100)} % CPU`);
+  }
+  return parts.join(' · ');
+}
+
+/** `YYYY-MM-DD HH:MM` (local time) of an ISO timestamp from Slurm; null when there is none. */
+export function startText(iso: string | null | undefined): string | null {
+  if (!iso) {
+    return null;
+  }
+  const match = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})/.exec(iso);
+  return match ? `${match[1]} ${match[2]}` : iso;
+}
+
+/** A pending cluster's reason in plain words and what it waits for; null when not pending. */
+export function queueText(cluster: ICluster): string | null {
+  const queue = cluster.queue;
+  if (!queue || cluster.state !== 'PENDING') {
+    return null;
+  }
+  const parts = [`${queue.reason}: ${queue.meaning}`];
+  if (queue.hint) {
+    parts.push(queue.hint);
+  }
+  const start = startText(queue.estimated_start ?? cluster.estimated_start);
+  if (start) {
+    parts.push(`est. start ${start}`);
+  }
+  return parts.join(' · ');
+}
+
+/**
+ * The clusters to notify about now: their walltime warning is due, they still run, and they
+ * were not notified before (`warned` holds their ids).
+ */
+export function clustersToWarn(clusters: ICluster[], warned: Set<string>): ICluster[] {
+  return clusters.filter(
+    c => !c.unreadable && c.walltime_warning === true && !hasEnded(c) && !warned.has(c.id)
+  );
+}
+
+/** `Slurm Ray: analysis's walltime is almost over (0:01:12 left).` */
+export function walltimeWarningText(cluster: ICluster, left: number | null): string {
+  const job = cluster.job_id ? ` (job ${cluster.job_id})` : '';
+  return `Slurm Ray: the walltime of ${cluster.name}${job} is almost over: ${hms(left)} left. Save your work, or extend it.`;
+}
+
+/** The details view's rows: label and text, in order (pure: rendered by details.ts). */
+export function detailRows(cluster: ICluster, leftNow: number | null): Array<[string, string]> {
+  const rows: Array<[string, string]> = [
+    ['State', cluster.state + (cluster.reason ? ` (${cluster.reason})` : '')]
+  ];
+  const queue = cluster.queue;
+  if (queue && cluster.state === 'PENDING') {
+    rows.push(['Why it waits', `${queue.reason}: ${queue.meaning}`]);
+    if (queue.hint) {
+      rows.push(['Waiting for', queue.hint]);
+    }
+    rows.push(['Estimated start', startText(queue.estimated_start) ?? 'not known yet']);
+    if (queue.action) {
+      rows.push([
+        'What to do',
+        queue.action + (queue.never_starts ? ' (as asked, it never starts)' : '')
+      ]);
+    }
+  }
+  if (!hasEnded(cluster)) {
+    const warn = cluster.walltime_warning ? ' — almost over' : '';
+    rows.push(['Walltime left', `${hms(leftNow)} of ${hms(cluster.time_limit)}${warn}`]);
+  }
+  const where = [
+    cluster.partition ? `partition ${cluster.partition}` : null,
+    cluster.account ? `account ${cluster.account}` : null,
+    cluster.qos ? `QOS ${cluster.qos}` : null
+  ].filter(Boolean);
+  if (where.length) {
+    rows.push(['Charged to', where.join(', ')]);
+  }
+  const usage = cluster.usage;
+  if (usage) {
+    rows.push(['Usage', usage.summary ?? usageShort(cluster) ?? '—']);
+    if (usage.available) {
+      rows.push(['CPU-hours allocated', hoursText(usage.cpu_hours)]);
+      rows.push(['GPU-hours allocated', hoursText(usage.gpu_hours)]);
+      rows.push([
+        'CPU efficiency',
+        typeof usage.cpu_efficiency === 'number'
+          ? `${Math.round(usage.cpu_efficiency * 100)} %`
+          : 'when the job ends'
+      ]);
+      for (const [node, rss] of Object.entries(usage.max_rss_by_node ?? {})) {
+        rows.push([`Max RSS on ${node}`, bytesText(rss)]);
+      }
+    }
+  }
+  return rows;
+}

@@ -2,8 +2,10 @@
  * The "Slurm Ray" sidebar: every cluster with its live state, and buttons for what to do.
  *
  * It polls the server's listing (the server asks Slurm at most every few seconds, whatever
- * the number of browsers) and backs off while the server does not answer.
+ * the number of browsers) and backs off while the server does not answer. When a cluster's
+ * walltime warning becomes due it shows a notification, once per cluster.
  */
+import { Notification } from '@jupyterlab/apputils';
 import { CommandRegistry } from '@lumino/commands';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
@@ -12,15 +14,19 @@ import { ICluster, IClusterList, listClusters } from './api';
 import { CommandIDs } from './commands';
 import {
   canForget,
+  clustersToWarn,
   hasEnded,
   hms,
   isUp,
   nodesLostText,
   ownerText,
+  queueText,
   stateKind,
   timeLeftNow,
   unreachableText,
-  unreadableText
+  unreadableText,
+  usageShort,
+  walltimeWarningText
 } from './format';
 
 export class ClusterSidebar extends Widget {
@@ -86,8 +92,10 @@ export class ClusterSidebar extends Widget {
   }
 
   private async _load(): Promise<void> {
+    let listing: IClusterList;
     try {
-      this._last = await listClusters();
+      listing = await listClusters();
+      this._last = listing;
       this._status.textContent = '';
       this._status.classList.remove('jp-mod-error');
     } catch (error) {
@@ -96,6 +104,28 @@ export class ClusterSidebar extends Widget {
       throw error; // the poll backs off
     }
     this._render();
+    this._warn(listing);
+  }
+
+  /** One notification per cluster whose walltime is almost over. */
+  private _warn(listing: IClusterList): void {
+    for (const cluster of clustersToWarn(listing.clusters, this._warned)) {
+      this._warned.add(cluster.id);
+      const left = timeLeftNow(cluster, listing.reconciled_at);
+      const args = { id: cluster.id, name: cluster.name };
+      Notification.warning(walltimeWarningText(cluster, left), {
+        autoClose: false,
+        actions: cluster.extendable
+          ? [
+              {
+                label: 'Extend…',
+                caption: 'Add walltime (if the site allows it)',
+                callback: () => void this.commands.execute(CommandIDs.extend, args)
+              }
+            ]
+          : []
+      });
+    }
   }
 
   private _render(): void {
@@ -156,8 +186,13 @@ export class ClusterSidebar extends Widget {
       note.title = `${cluster.state} is the last state Slurm reported`;
       item.append(note);
     }
+    const queue = queueText(cluster);
     const why = cluster.reason ?? (cluster.state === 'STARTING' ? cluster.phase : null);
-    if (why) {
+    if (queue) {
+      const line = el('div', 'jp-SlurmRay-reason jp-SlurmRay-queue', queue);
+      line.title = cluster.queue?.action ? `What to do: ${cluster.queue.action}` : queue;
+      item.append(line);
+    } else if (why) {
       item.append(el('div', 'jp-SlurmRay-reason', why));
     }
     if (cluster.notice && cluster.notice !== why) {
@@ -171,18 +206,27 @@ export class ClusterSidebar extends Widget {
       fact('Job', cluster.job_id ?? '—'),
       fact('Owner', ownerText(cluster))
     );
+    const usage = usageShort(cluster);
+    if (usage) {
+      facts.append(fact('Used', usage, 'usage'));
+    }
     const lost = nodesLostText(cluster);
     if (lost) {
       facts.append(el('span', 'jp-SlurmRay-lost', lost));
     }
     item.append(facts);
+    if (cluster.walltime_warning && !ended) {
+      item.append(el('div', 'jp-SlurmRay-walltimeWarning', 'Walltime almost over'));
+    }
     const actions = el('div', 'jp-SlurmRay-actions');
     const args = { id: cluster.id, name: cluster.name };
     actions.append(
       this._button('Dashboard', CommandIDs.openDashboard, args, !isUp(cluster.state), 'accept'),
       this._button('Stop', CommandIDs.stop, args, ended, 'warn'),
       this._button('Copy attach', CommandIDs.copyAttach, args, false),
-      this._button('Logs', CommandIDs.showLogs, args, !cluster.job_id)
+      this._button('Logs', CommandIDs.showLogs, args, !cluster.job_id),
+      this._button('Details', CommandIDs.showDetails, args, false),
+      this._button('Extend', CommandIDs.extend, args, !cluster.extendable)
     );
     if (canForget(cluster)) {
       actions.append(this._button('Forget', CommandIDs.forget, args, false, 'warn'));
@@ -235,6 +279,7 @@ export class ClusterSidebar extends Widget {
   private _poll: Poll;
   private _last: IClusterList | null = null;
   private _ticker = 0;
+  private _warned = new Set<string>(); // clusters notified of their walltime warning
 }
 
 function el(tag: string, className: string, text?: string): HTMLElement {

@@ -79,7 +79,11 @@ async def make_cluster(transport, registry, jobs_root):
         settings = dict(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
         settings.update(spec)
         cluster = SlurmRayCluster(
-            ClusterSpec(**settings), transport, registry=registry, poll_interval=0.05
+            ClusterSpec(**settings),
+            transport,
+            registry=registry,
+            poll_interval=0.05,
+            steady_poll_interval=0.05,
         )
         made.append(cluster)
         return cluster

@@ -180,3 +180,13 @@ async def test_down_with_a_silent_controller_releases_the_lease(make_cluster, sl
     status = await cluster.down_async(timeout=1)
     assert not cluster.lease.kept
     assert "stops by itself" in (status.notice or "")
+
+
+async def test_a_forgotten_record_is_not_written_again_by_its_owner(make_cluster, slurm):
+    cluster = await started(make_cluster, slurm)
+    slurm.end(cluster.job_id, "CANCELLED")
+    await until(lambda: cluster.state.is_final, 5, "the end")
+    cluster.registry.delete(cluster.id)  # forgotten from the sidebar meanwhile
+    cluster._save_record()  # the owner's next update, e.g. its forwards closing
+    assert cluster.registry.load(cluster.id) is None
+    await cluster.close_async()

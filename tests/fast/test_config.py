@@ -225,3 +225,20 @@ def test_effective_setting_names_its_source():
         "env JUPYTER_SLURM_RAY_POLL_INTERVAL",
     )
     assert effective_setting("login_host", None, {}) == (None, "default")
+
+
+@pytest.mark.parametrize(
+    "name", ["connect_timeout", "poll_interval", "steady_poll_interval", "submit_timeout"]
+)
+def test_the_package_seconds_must_be_positive_from_config_and_environment(name: str):
+    with pytest.raises(TraitError, match=rf"SlurmRay.{name} = 0.0: a positive number"):
+        SlurmRay(**{name: 0.0})
+    environ = {f"JUPYTER_SLURM_RAY_{name.upper()}": "-3"}
+    with pytest.raises(SpecError, match=rf"{name}: '-3' is not allowed.*JUPYTER_SLURM_RAY_"):
+        effective_setting(name, None, environ)
+
+
+def test_the_login_port_must_be_a_port():
+    with pytest.raises(TraitError, match="login_port = 70000: a port from 1 to 65535"):
+        SlurmRay(login_port=70000)
+    assert SlurmRay(login_port=2222).login_port == 2222

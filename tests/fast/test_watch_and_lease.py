@@ -18,7 +18,7 @@ class BrokenSlurm(SlurmClient):
     def __init__(self) -> None:
         self.calls = 0
 
-    async def query(self, job_ids):
+    async def query(self, job_ids, *, max_age=0.0):
         self.calls += 1
         if self.calls % 2:
             raise ValueError("a parsing bug")

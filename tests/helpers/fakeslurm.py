@@ -2,7 +2,9 @@
 
 ``FakeTransport`` runs everything that is not a Slurm command for real on this machine (the
 package's constant shell programs: job dir, lease, events), as the current user, and answers
-``sbatch``/``squeue``/``sacct``/``scontrol``/``scancel``/``sinfo`` from :class:`FakeSlurm`.
+``sbatch``/``squeue``/``sacct``/``scontrol``/``scancel``/``sinfo``/``sacctmgr`` from
+:class:`FakeSlurm` (accounts and QOSes as on the testbed; usage lines set per job by tests;
+``scontrol update TimeLimit=+N`` refused unless ``may_extend``).
 Tests move jobs between states, write the bootstrap's events into the job dir, and take the
 controller away (``slurm.down = True``) to see what the package makes of it.
 """
@@ -15,14 +17,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from jupyter_slurm_ray.errors import TransportError
+from jupyter_slurm_ray.formatting import format_duration
+from jupyter_slurm_ray.slurm import AS_THIS_USER
+from jupyter_slurm_ray.slurm_output import parse_duration
 from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, LocalTransport
 
-SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo")
+SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr")
 NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 #: sinfo's partition lines (``%R|%a|%F|%c|%m|%G|%l|%P``) as the real testbed prints them.
 TESTBED_PARTITIONS = (
-    "debug|up|0/3/0/3|2|6428|gpu:2|infinite|debug*",
-    "short|up|0/3/0/3|2|6428|gpu:2|30:00|short",
+    "debug|up|0/3/0/3|2|6428|gpu:2|infinite|debug*|1-infinite",
+    "short|up|0/3/0/3|2|6428|gpu:2|30:00|short|1-2",
+)
+#: ``sacctmgr show user withassoc`` for alice, and ``show qos``, as the testbed answers.
+TESTBED_ASSOCIATIONS = ("alice|physics|physics||normal,short|normal||||None",)
+TESTBED_QOS = ("normal|||||", "short|00:10:00|node=1|||DenyOnLimit")
+NO_ACCOUNTING = (
+    "sacctmgr: error: You are not running a supported accounting_storage plugin\n"
+    "Only 'accounting_storage/slurmdbd' and 'accounting_storage/mysql' are supported."
 )
 
 
@@ -39,6 +51,8 @@ class FakeJob:
     time_limit: str = "10:00"
     exit_code: str = "0:0"
     forgotten: bool = False  # past MinJobAge and without accounting: Slurm knows it no more
+    start: str = "N/A"  # actual start, or Slurm's estimate while PENDING
+    usage: list[str] = field(default_factory=list)  # sacct usage lines (USAGE_FIELDS)
 
 
 @dataclass
@@ -47,7 +61,11 @@ class FakeSlurm:
 
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     down: bool = False  # the controller does not answer
-    accounting: bool = False  # sacct answers (else only scontrol remembers ended jobs)
+    accounting: bool = False  # sacct and sacctmgr answer (else only scontrol remembers ended jobs)
+    user: str = "alice"
+    associations: list[str] = field(default_factory=lambda: list(TESTBED_ASSOCIATIONS))
+    qos: list[str] = field(default_factory=lambda: list(TESTBED_QOS))
+    may_extend: bool = False  # an operator: scontrol update TimeLimit=+N is allowed
     refuse_submit: str | None = None  # sbatch's error message, if it refuses
     node_reasons: dict[str, str] = field(default_factory=dict)
     partitions: list[str] = field(default_factory=lambda: list(TESTBED_PARTITIONS))
@@ -93,20 +111,23 @@ class FakeSlurm:
         return _result(argv, 0, f"{job_id}\n")
 
     def _squeue(self, argv: list[str]) -> CommandResult:
-        if "--me" in argv:
+        if "--me" in argv and argv[argv.index("-o") + 1] == "%i|%k":  # our tagged jobs
             lines = [f"{j.job_id}|{j.comment}" for j in self._visible() if j.state in _ACTIVE]
             return _result(argv, 0, "".join(line + "\n" for line in lines))
-        wanted = argv[argv.index("-j") + 1].split(",")
-        found = [self.jobs[j] for j in wanted if j in self.jobs and not self.jobs[j].forgotten]
-        if not found:
-            return _result(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+        if "--me" in argv:  # the whole queue of the user (shared between processes)
+            found = self._visible()
+        else:
+            wanted = argv[argv.index("-j") + 1].split(",")
+            found = [self.jobs[j] for j in wanted if j in self.jobs and not self.jobs[j].forgotten]
+            if not found:
+                return _result(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
         lines = [
             "|".join(
                 (
                     j.job_id,
                     j.state,
                     "1",
-                    "N/A",
+                    j.start,
                     j.time_left,
                     j.time_limit,
                     j.nodes or "(null)",
@@ -123,6 +144,9 @@ class FakeSlurm:
         if not self.accounting:
             return _result(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
         wanted = argv[argv.index("-j") + 1].split(",")
+        if "--noconvert" in argv:  # usage: allocations and steps
+            lines = [line for i in wanted if i in self.jobs for line in self.jobs[i].usage]
+            return _result(argv, 0, "".join(line + "\n" for line in lines))
         lines = [
             f"{j.job_id}|{j.state}|{j.exit_code}|{j.nodes}|N/A|10|{j.name}"
             for j in (self.jobs[i] for i in wanted if i in self.jobs)
@@ -130,7 +154,18 @@ class FakeSlurm:
         ]
         return _result(argv, 0, "".join(line + "\n" for line in lines))
 
+    def _sacctmgr(self, argv: list[str]) -> CommandResult:
+        if not self.accounting:
+            return _result(argv, 1, "", NO_ACCOUNTING)
+        if "qos" in argv:
+            return _result(argv, 0, "".join(line + "\n" for line in self.qos))
+        asked = next(a for a in argv if a.startswith("user=")).removeprefix("user=")
+        lines = [line for line in self.associations if line.split("|")[0] == asked]
+        return _result(argv, 0, "".join(line + "\n" for line in lines))
+
     def _scontrol(self, argv: list[str]) -> CommandResult:
+        if argv[1] == "update":
+            return self._scontrol_update(argv)
         job = self.jobs.get(argv[-1])
         if job is None or job.forgotten:
             return _result(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
@@ -139,6 +174,18 @@ class FakeSlurm:
             f"NodeList={job.nodes or '(null)'} ExitCode={job.exit_code} TimeLimit={job.time_limit}"
         )
         return _result(argv, 0, line + "\n")
+
+    def _scontrol_update(self, argv: list[str]) -> CommandResult:
+        fields = dict(arg.split("=", 1) for arg in argv[2:])
+        job = self.jobs.get(fields["JobId"])
+        if job is None or job.state not in _ACTIVE:
+            return _result(argv, 1, "", "slurm_update error: Invalid job id specified")
+        if not self.may_extend:
+            return _result(argv, 1, "", f"Access/permission denied for job {job.job_id}")
+        added = int(fields["TimeLimit"].removeprefix("+")) * 60
+        job.time_limit = format_duration((parse_duration(job.time_limit) or 0) + added)
+        job.time_left = format_duration((parse_duration(job.time_left) or 0) + added)
+        return _result(argv, 0, "")
 
     def _scancel(self, argv: list[str]) -> CommandResult:
         job = self.jobs.get(argv[-1])
@@ -184,7 +231,7 @@ class FakeTransport(LocalTransport):
         check: bool = True,
     ) -> CommandResult:
         self.commands.append(tuple(argv))
-        slurm_argv = _slurm_argv(argv)
+        slurm_argv = _slurm_argv(argv, self.slurm.user)
         if slurm_argv is None:
             return await super().run(argv, input=input, timeout=timeout, check=check)
         lost = TransportError(f"{slurm_argv[0]} did not finish within {timeout:g} s")
@@ -196,10 +243,13 @@ class FakeTransport(LocalTransport):
         return result.check() if check else result
 
 
-def _slurm_argv(argv: Sequence[str]) -> list[str] | None:
+def _slurm_argv(argv: Sequence[str], user: str = "alice") -> list[str] | None:
     if argv and argv[0] in SLURM_COMMANDS:
         return list(argv)
     # the package submits through a constant program: sh -c PROGRAM sbatch SCRIPT
     if len(argv) == 5 and argv[:2] == ["sh", "-c"] and argv[3] == "sbatch":
         return ["sbatch", argv[4]]
+    # ... and asks sacctmgr as the user: sh -c AS_THIS_USER NAME COMMAND... (adds user=NAME)
+    if len(argv) > 4 and list(argv[:3]) == ["sh", "-c", AS_THIS_USER] and argv[4] in SLURM_COMMANDS:
+        return [*argv[4:], f"user={user}"]
     return None

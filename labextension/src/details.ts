@@ -1,0 +1,80 @@
+/**
+ * A main-area tab with one cluster's details: why it waits (Slurm's reason in plain words,
+ * estimated start, what to do), its walltime, and what it used (sacct), with Extend.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
+import { CommandRegistry } from '@lumino/commands';
+import { refreshIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { getCluster } from './api';
+import { detailRows, timeLeftNow } from './format';
+
+class DetailsView extends Widget {
+  constructor(readonly clusterId: string) {
+    super();
+    this.addClass('jp-SlurmRay-details');
+    this._title = document.createElement('h3');
+    this._table = document.createElement('table');
+    this.node.append(this._title, this._table);
+  }
+
+  async refresh(): Promise<void> {
+    try {
+      const details = await getCluster(this.clusterId, 20);
+      const left = timeLeftNow(details, Date.now() / 1000);
+      this._title.textContent = `${details.name} (${details.id}), job ${details.job_id ?? '—'}`;
+      this._table.replaceChildren();
+      for (const [label, value] of detailRows(details, left)) {
+        const row = document.createElement('tr');
+        const th = document.createElement('th');
+        th.textContent = label;
+        const td = document.createElement('td');
+        td.textContent = value;
+        row.append(th, td);
+        this._table.append(row);
+      }
+    } catch (error) {
+      this._title.textContent = `Could not read the cluster: ${(error as Error).message}`;
+    }
+  }
+
+  private _title: HTMLHeadingElement;
+  private _table: HTMLTableElement;
+}
+
+/** Open a tab with the details of cluster `id` (refreshed on open and by its toolbar). */
+export async function showDetails(
+  app: JupyterFrontEnd,
+  id: string,
+  name: string | undefined,
+  extendCommand: string,
+  commands: CommandRegistry
+): Promise<void> {
+  const view = new DetailsView(id);
+  const tab = new MainAreaWidget({ content: view });
+  tab.id = `slurm-ray-details-${id}-${Date.now()}`;
+  tab.title.label = `Cluster: ${name ?? id}`;
+  tab.title.closable = true;
+  tab.toolbar.addItem(
+    'refresh',
+    new ToolbarButton({
+      icon: refreshIcon,
+      tooltip: 'Ask the server again',
+      onClick: () => void view.refresh()
+    })
+  );
+  tab.toolbar.addItem(
+    'extend',
+    new ToolbarButton({
+      label: 'Extend…',
+      tooltip: 'Add walltime (scontrol update TimeLimit=+N)',
+      onClick: () =>
+        void commands.execute(extendCommand, { id, name: name ?? id }).then(() => view.refresh())
+    })
+  );
+  app.shell.add(tab, 'main');
+  app.shell.activateById(tab.id);
+  await view.refresh();
+}

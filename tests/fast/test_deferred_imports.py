@@ -1,0 +1,68 @@
+"""The job's Ray processes do not pay for imports they do not use (bootstrap/sitepath): checked
+in a fresh interpreter with the same PYTHONPATH the bootstrap gives them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jupyter_slurm_ray
+
+SITE_PATH = Path(jupyter_slurm_ray.__file__).parent / "bootstrap" / "sitepath"
+
+PROBE = """
+import json, sys
+import ray
+seen = {"lark_after_import_ray": "lark" in sys.modules,
+        "deferred": getattr(sys.modules.get("rfc3987_syntax"), "__deferred__", False)}
+import jsonschema
+checker = jsonschema.FormatChecker()
+seen["iri_ok"] = checker.conforms("http://example.org/\\u00e4", "iri")
+seen["iri_bad"] = checker.conforms("http://exa mple.org", "iri")
+seen["lark_after_use"] = "lark" in sys.modules
+print(json.dumps(seen))
+"""
+
+
+def probe(pythonpath: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PROBE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_ray_in_the_jobs_processes_does_not_build_rfc3987_grammars():
+    seen = probe(str(SITE_PATH))
+    assert seen["deferred"] and not seen["lark_after_import_ray"]
+    # deferred, not removed: the format check still works, the module loads on first use
+    assert seen["iri_ok"] is True and seen["iri_bad"] is False and seen["lark_after_use"]
+
+
+def test_without_the_site_path_the_cost_is_there_so_the_test_above_means_something():
+    seen = probe("")
+    assert not seen["deferred"] and seen["lark_after_import_ray"]
+
+
+def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED_RAN = True\n")
+    env = {**os.environ, "PYTHONPATH": f"{SITE_PATH}{os.pathsep}{other}"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import builtins; print(getattr(builtins, 'SHADOWED_RAN', False))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert done.stdout.strip() == "True"
