@@ -1,5 +1,5 @@
-"""``jupyter slurm-ray list | down | logs | extend | forget | gc``: the clusters, from a
-terminal."""
+"""``jupyter slurm-ray list | down | logs | extend | forget | gc | doctor``: the clusters, and
+whether they can work here, from a terminal."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .commands import NAME_HELP, add_arguments
 from .config import SlurmRay
 from .errors import SlurmRayError
 from .inventory import Orphan
+from .magic_args import add_doctor_arguments, setup_lines, spec_arguments
 from .session import Session
 
 __all__ = ["main"]
@@ -53,6 +54,16 @@ def _parser() -> argparse.ArgumentParser:
         "SlurmRay.record_retention_days (7). The job dir, with its logs, is kept.",
     )
     add_arguments("forget", forget, NAME_HELP)
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that clusters can work here (a checklist, each ✗ with its fix)",
+        description="Slurm, the request (these options, as `up` takes them), the job dir root, "
+        "the cluster's Python and Ray on a compute node (a short test job, always cancelled), "
+        "the node's address from the login node, the extensions. Exit status 1 when a check "
+        "fails.",
+    )
+    add_doctor_arguments(doctor)
+    doctor.add_argument("--json", action="store_true", help="the checklist as JSON")
     return parser
 
 
@@ -112,6 +123,18 @@ def _confirm(orphan: Orphan, ask: Ask) -> bool:
         return False
 
 
+def _doctor(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    report = commands.doctor(
+        session,
+        spec_arguments(args),
+        profile=args.profile,
+        setup=setup_lines(args),
+        queue_timeout=args.queue_timeout,
+    )
+    print(report.to_json() if args.json else report.text())
+    return 0 if report.ok else 1
+
+
 _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "list": _list,
     "down": _down,
@@ -119,6 +142,7 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "extend": _extend,
     "gc": _gc,
     "forget": _forget,
+    "doctor": _doctor,
 }
 
 

@@ -1,12 +1,16 @@
 """What ``%slurm_ray`` and ``jupyter slurm-ray`` both do, written once: list, down, logs,
-forget, gc, extend. Each returns the lines to print; the callers only parse arguments and print."""
+forget, gc, extend, doctor. Each returns the lines to print (doctor: its report); the callers
+only parse arguments and print."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 from .aio import run_sync
+from .config import resolve_spec
+from .doctor import Report, run_doctor
 from .errors import SlurmRayError
 from .formatting import extension_line, status_line
 from .inventory import Entry, Orphan, find_orphans, format_table
@@ -14,7 +18,7 @@ from .session import Session
 from .slurm import SlurmClient
 from .walltime import parse_extension
 
-__all__ = ["add_arguments", "down", "extend", "forget", "gc", "list_table", "logs"]
+__all__ = ["add_arguments", "doctor", "down", "extend", "forget", "gc", "list_table", "logs"]
 
 Confirm = Callable[[Orphan], bool]
 
@@ -132,3 +136,19 @@ def gc(session: Session, jobs: list[str], confirm: Confirm) -> list[str]:
     if len(chosen) < len(orphans):
         lines.append(f"kept {len(orphans) - len(chosen)} job(s); --yes cancels without asking")
     return lines
+
+
+def doctor(
+    session: Session,
+    arguments: dict[str, Any],
+    *,
+    profile: str | None = None,
+    setup: list[str] | None = None,
+    queue_timeout: float = 120.0,
+) -> Report:
+    """The checklist for the request these settings mean (as ``up`` would resolve them), with
+    one short test job on a compute node (always cancelled)."""
+    spec, _ = resolve_spec(arguments, profile=profile, config=session.config)
+    if setup:
+        spec = spec.replace(setup=(*spec.setup, *setup))
+    return run_sync(run_doctor(spec, session.transport(), queue_timeout=queue_timeout))

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .checks import python_command
 from .errors import CommandError, SlurmRayError, SpecError
 from .jobenv import exported_names, parse_env0
 from .shipping import bootstrap_files
 from .spec import ClusterSpec
-from .transport import Transport, tar_base64
+from .transport import LocalTransport, Transport, tar_base64
 
 EVENTS = "events.jsonl"
 SCRIPT = "job.sbatch"
@@ -103,9 +106,19 @@ class JobDir:
     def file(self, name: str) -> str:
         return f"{self.path}/{name}"
 
-    def bootstrap_command(self, python: str) -> list[str]:
-        """The job's command: the shipped bootstrap package run as a directory."""
-        return [python, self.file("bootstrap"), "head", self.path]
+    def bootstrap_command(self, python: str | None) -> list[str]:
+        """The job's command: the shipped bootstrap package run as a directory.
+
+        ``python`` None (not set): this kernel's own environment when Slurm runs here (its
+        ``bin`` first on PATH, as an activation would put it, so ``ray`` is found), after
+        :func:`kernel_environment` judged that the compute nodes share it; ``python3`` over SSH.
+        """
+        run = [self.file("bootstrap"), "head", self.path]
+        if python is not None:
+            return [python, *run]
+        if not isinstance(self.transport, LocalTransport):
+            return ["python3", *run]
+        return [*kernel_python_argv(kernel_environment(os.path.dirname(self.path))), *run]
 
     async def create(self, spec: ClusterSpec, cluster_id: str, *, script: str, lease: str) -> None:
         """Create the directory, fresh (it must not exist), with the job script, the bootstrap,
@@ -161,6 +174,139 @@ class JobDir:
             if text:
                 parts.append(f"==> {name} <==\n{text.rstrip()}")
         return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- the kernel's Python
+
+# Constant program (``sh -c PROGRAM BIN_DIR PYTHON ARG...``): PYTHON run with BIN_DIR first on PATH.
+_BIN_FIRST_ON_PATH = 'PATH="$0:$PATH"; export PATH; exec "$@"'
+
+# Filesystem types (as in /proc/self/mountinfo) that compute nodes mount from elsewhere.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "cephfs",
+        "fuse.ceph-fuse",
+        "glusterfs",
+        "fuse.glusterfs",
+        "panfs",
+        "wekafs",
+        "cvfs",
+        "pvfs2",
+        "orangefs",
+        "afs",
+        "cifs",
+        "smb3",
+        "fuse.sshfs",
+    }
+)
+# Where an operating system keeps its own Python: every node of a site has its image.
+_SYSTEM_PREFIXES = ("/usr/", "/bin/")
+
+
+@dataclass(frozen=True)
+class KernelEnvironment:
+    """This process's Python environment, as the cluster's Python when ``python`` is not set."""
+
+    python: str  # sys.executable, not resolved (a venv's python is a link to its base)
+    prefix: str  # the environment (venv or conda env) with its site-packages
+    base: str  # the interpreter's real file (in a venv: the base Python's)
+
+    @property
+    def bin_dir(self) -> str:
+        return os.path.dirname(self.python)
+
+    @classmethod
+    def of_this_process(cls) -> KernelEnvironment:
+        return cls(sys.executable, sys.prefix, os.path.realpath(sys.executable))
+
+
+def kernel_python_argv(env: KernelEnvironment) -> list[str]:
+    """The argv that runs ``env``'s Python with its ``bin`` first on PATH (so ``ray`` is found)."""
+    return ["sh", "-c", _BIN_FIRST_ON_PATH, env.bin_dir, env.python]
+
+
+def kernel_environment(
+    job_dir_root: str, env: KernelEnvironment | None = None
+) -> KernelEnvironment:
+    """This kernel's environment, if the compute nodes can run it; else SpecError (python)
+    saying what to set.
+
+    Judged here, on the login node, without a job: the environment is taken as shared when it
+    is on the job dir root's filesystem (which the nodes must share anyway: the bootstrap runs
+    from there) or on a network filesystem (nfs, lustre, gpfs, ...); a base interpreter under
+    /usr also counts (the nodes run the same system image). ``doctor`` checks it for real.
+    """
+    env = env or KernelEnvironment.of_this_process()
+    fix = (
+        "set python to a Python with ray installed that the compute nodes can run (same Ray "
+        "and Python minor version as this kernel), and setup to the lines that make it work "
+        "there (module load ..., source .../bin/activate); `%slurm_ray doctor` checks them on "
+        "a compute node"
+    )
+    try:
+        python_command("python", env.python)
+    except SpecError:
+        allowed = f"this kernel's Python (used when python is not set) has an unusual path: {fix}"
+        raise SpecError("python", env.python, allowed) from None
+    root_device = _device(_existing_ancestor(job_dir_root))
+    places = [("environment", env.prefix)]
+    if not env.base.startswith(_SYSTEM_PREFIXES):
+        places.append(("interpreter", env.base))
+    for what, path in places:
+        device = _device(path)
+        kind = filesystem_type(path)
+        if device is not None and device == root_device:
+            continue
+        if kind in NETWORK_FILESYSTEMS:
+            continue
+        allowed = (
+            f"this kernel's Python (used when python is not set) is not on a filesystem the "
+            f"compute nodes share: its {what} {path} is on {kind or 'an unknown filesystem'}, "
+            f"neither the job dir root's ({job_dir_root}) nor a network filesystem; {fix}"
+        )
+        raise SpecError("python", env.python, allowed)
+    return env
+
+
+def _existing_ancestor(path: str) -> str:
+    path = os.path.realpath(path)
+    while not os.path.exists(path) and path != "/":
+        path = os.path.dirname(path)
+    return path
+
+
+def _device(path: str) -> int | None:
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
+    """The type of the filesystem ``path`` is on (its mount point in /proc/self/mountinfo)."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return None
+    real = os.path.realpath(path)
+    best, kind = "", None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, kind = mount_point, line.split(" - ", 1)[1].split()[0]
+    return kind
 
 
 def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ __all__ = [
     "SUBCOMMANDS",
     "ArgumentError",
     "HelpRequested",
+    "add_doctor_arguments",
     "parse",
     "setup_lines",
     "spec_arguments",
@@ -71,6 +72,18 @@ def _add_spec_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", help=_HELP["name"])
     parser.add_argument("--profile", help="a profile from the profiles file")
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``doctor``'s options, in the magic and the CLI: the request to check, and its limits."""
+    _add_spec_options(parser)
+    parser.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="give up on the test job after S s in the queue (default 120)",
+    )
 
 
 def spec_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,6 +154,14 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
     script = add("script", "Print the job script `up` would submit with these options.")
     _add_spec_options(script)
+
+    doctor = add(
+        "doctor",
+        "Check that clusters can work here: Slurm, the request, the job dir root, the "
+        "cluster's Python and Ray on a compute node (a short test job), the node's address, "
+        "the extensions; each ✗ with its fix.",
+    )
+    add_doctor_arguments(doctor)
 
     config = add("config", "Show the settings `up` would use and where each comes from.")
     _add_spec_options(config)

@@ -56,7 +56,8 @@ _SESSION_SETTINGS = (
 @magics_class
 class SlurmRayMagics(Magics):
     """``%slurm_ray COMMAND …``: up, down, status, list, logs, extend, attach, connect,
-    disconnect, forget, script, dashboard, config, panel. ``%slurm_ray --help`` lists them."""
+    disconnect, forget, script, dashboard, config, panel, doctor. ``%slurm_ray --help`` lists
+    them."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -242,6 +243,16 @@ class SlurmRayMagics(Magics):
         lines = [f"{name:<{width}}  {value!r:<30}  {source}" for name, value, source in rows]
         lines.append(f"profiles in {path}: {names}")
         print("\n".join(lines))
+
+    def _doctor(self, args: argparse.Namespace, cell: str | None) -> None:
+        report = commands.doctor(
+            self.session,
+            spec_arguments(args),
+            profile=args.profile,
+            setup=setup_lines(args),
+            queue_timeout=args.queue_timeout,
+        )
+        display(report)
 
     def _panel(self, args: argparse.Namespace, cell: str | None) -> None:
         from .widget import ClusterPanel

@@ -120,11 +120,13 @@ class ClusterSpec:
         "lines",
         "Shell lines run before Ray starts (module load, conda activate, ...).",
     )
-    python: str = _setting(
-        "python3",
-        python_command,
+    python: str | None = _setting(
+        None,
+        optional(python_command),
         "text",
-        "Python of the cluster side, with ray installed (same version as here).",
+        "Python of the cluster side, with ray installed (same version as here). Unset: this "
+        "kernel's own Python when Slurm runs here and the compute nodes share its filesystem "
+        "(checked before submitting); python3 over SSH.",
     )
     job_dir_root: str = _setting(
         "~/.jupyter-slurm-ray/jobs",

@@ -39,6 +39,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     from tornado.ioloop import IOLoop
 
     from ..config import SlurmRay, effective_setting, make_transport, resolve_spec
+    from ..doctor import Report, run_doctor
 
     _log_to_server(serverapp)
     web_app = serverapp.web_app
@@ -59,9 +60,17 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     )
     web_app.settings["slurm_ray_manager"] = manager
     IOLoop.current().add_callback(manager.start_housekeeping)
+
+    async def doctor(profile: str | None, queue_timeout: float) -> Report:
+        spec = resolve_spec({}, profile=profile, config=config)[0]
+        transport = manager.transports.configured()
+        return await run_doctor(
+            spec, transport, queue_timeout=queue_timeout, server_extension_running=True
+        )
+
     web_app.add_handlers(
         ".*$",
-        handlers.route_specs(base_url, manager) + _dashboard_routes(base_url, backends),
+        handlers.route_specs(base_url, manager, doctor) + _dashboard_routes(base_url, backends),
     )
     os.environ[DASHBOARD_BASE_ENV] = url_path_join(base_url, proxy.PREFIX) + "/"
     serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)

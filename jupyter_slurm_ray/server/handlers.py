@@ -2,7 +2,8 @@
 
 - ``GET clusters[?usage=true]``, ``POST clusters``; ``GET|DELETE clusters/<id>``;
 - ``POST clusters/<id>/extend`` ``{"amount": "+30"}``: 200 with the new time left, 403 with
-  Slurm's words when the site refuses.
+  Slurm's words when the site refuses;
+- ``GET doctor[?profile=NAME]``: the checklist of ``doctor.py`` (JSON).
 
 Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +20,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from ..doctor import Report
 from ..errors import (
     Conflict,
     ExtendRefused,
@@ -35,6 +37,9 @@ from .proxy import PREFIX as DASHBOARD_PREFIX
 log = logging.getLogger(__name__)
 
 API_PREFIX = "slurm-ray/api"
+
+#: ``doctor(profile, queue_timeout)``: the server's checklist (see ``server/__init__.py``).
+RunDoctor = Callable[[str | None, float], Awaitable[Report]]
 
 
 class ApiError(web.HTTPError):
@@ -153,10 +158,33 @@ class ExtendHandler(_ClustersHandler):
         self.finish(json.dumps(self._with_links(view)))
 
 
-def route_specs(base_url: str, manager: ClusterManager) -> list[tuple[str, type, dict]]:
+class DoctorHandler(_ClustersHandler):
+    """``GET doctor[?profile=NAME&queue_timeout=S]``: the checklist (``Report.to_dict``) for
+    the request a profile (or the configuration) means, with one short test job."""
+
+    def initialize(self, manager: ClusterManager, doctor: RunDoctor | None = None) -> None:
+        super().initialize(manager)
+        self.doctor = doctor
+
+    @web.authenticated
+    async def get(self) -> None:
+        if self.doctor is None:
+            raise ApiError(404, "doctor is not available on this server")
+        profile = self.get_argument("profile", "") or None
+        queue_timeout = self._int_argument("queue_timeout", 120, 3600)
+        with _as_http_errors():
+            report = await self.doctor(profile, float(queue_timeout))
+        self.finish(json.dumps(report.to_dict()))
+
+
+def route_specs(
+    base_url: str, manager: ClusterManager, doctor: RunDoctor | None = None
+) -> list[tuple[str, type, dict]]:
     prefix = url_path_join(base_url, API_PREFIX, "clusters")
     kwargs = {"manager": manager}
+    checklist = url_path_join(base_url, API_PREFIX, "doctor")
     return [
+        (checklist, DoctorHandler, {**kwargs, "doctor": doctor}),
         (prefix, ClusterListHandler, kwargs),
         (prefix + r"/([^/]+)/extend", ExtendHandler, kwargs),
         (prefix + r"/([^/]+)", ClusterHandler, kwargs),

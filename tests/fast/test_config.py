@@ -51,7 +51,7 @@ def test_every_cluster_setting_but_the_name_is_a_configurable_trait():
 
 def test_unset_settings_are_none_so_the_spec_defaults_show_through():
     spec, sources = resolve_spec(config=SlurmRay(), environ={})
-    assert spec.nodes == 1 and spec.python == "python3"
+    assert spec.nodes == 1 and spec.python is None
     assert set(sources.values()) == {"default"}
 
 
