@@ -4,6 +4,8 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import type { IDoctorReport } from './doctor';
+
 /** One cluster as the server reports it (registry record reconciled with Slurm). */
 export interface ICluster {
   id: string;
@@ -179,4 +181,12 @@ export async function dashboardLink(id: string): Promise<string> {
     'slurm-ray/dashboard-links'
   );
   return link.url;
+}
+
+/** The doctor's checklist: one short test job on a compute node (about a few seconds when
+ * the queue is empty; the server gives up after `queueTimeout` s in the queue). */
+export async function runDoctor(profile = '', queueTimeout = 120): Promise<IDoctorReport> {
+  const query =
+    `?queue_timeout=${queueTimeout}` + (profile ? `&profile=${encodeURIComponent(profile)}` : '');
+  return request<IDoctorReport>('', {}, 'slurm-ray/api/doctor', query);
 }

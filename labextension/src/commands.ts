@@ -11,7 +11,17 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 
-import { ApiError, createCluster, extendCluster, forgetCluster, stopCluster } from './api';
+import { Widget } from '@lumino/widgets';
+
+import {
+  ApiError,
+  createCluster,
+  extendCluster,
+  forgetCluster,
+  runDoctor,
+  stopCluster
+} from './api';
+import { doctorTableHtml } from './doctor';
 import { openDashboard } from './dashboard';
 import { showDetails } from './details';
 import { hms } from './format';
@@ -28,6 +38,7 @@ export namespace CommandIDs {
   export const refresh = 'slurm-ray:refresh';
   export const create = 'slurm-ray:create';
   export const showSidebar = 'slurm-ray:show-sidebar';
+  export const doctor = 'slurm-ray:doctor';
 }
 
 /** What the commands need from the rest of the extension. */
@@ -207,6 +218,32 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.doctor, {
+    label: 'Slurm Ray: Doctor',
+    caption: 'Check Slurm, the job dir, the cluster Python and Ray on a node, the network',
+    execute: async () => {
+      const running = Notification.emit(
+        'Slurm Ray doctor: running a short test job…',
+        'in-progress'
+      );
+      try {
+        const report = await runDoctor();
+        Notification.dismiss(running);
+        const body = new Widget();
+        body.addClass('jsr-doctor-report');
+        body.node.innerHTML = doctorTableHtml(report); // every text escaped (doctor.ts)
+        await showDialog({
+          title: report.ok ? 'Slurm Ray doctor: ready' : 'Slurm Ray doctor: something to fix',
+          body,
+          buttons: [Dialog.okButton()]
+        });
+      } catch (error) {
+        Notification.dismiss(running);
+        await showErrorMessage('The doctor could not run', (error as Error).message);
+      }
+    }
+  });
+
   commands.addCommand(CommandIDs.refresh, {
     label: 'Slurm Ray: Refresh Clusters',
     execute: () => ctx.refresh()
@@ -261,5 +298,6 @@ export const paletteCommands = [
   CommandIDs.copyAttach,
   CommandIDs.showLogs,
   CommandIDs.showDetails,
-  CommandIDs.extend
+  CommandIDs.extend,
+  CommandIDs.doctor
 ];

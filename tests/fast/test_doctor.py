@@ -306,3 +306,19 @@ def test_unset_python_over_ssh_is_python3_and_a_set_one_is_used_as_is():
     ssh = SSHTransport("login.example")
     assert JobDir(ssh, "/j/c1").bootstrap_command(None)[0] == "python3"
     assert JobDir(ssh, "/j/c1").bootstrap_command("/opt/py/bin/python")[0] == "/opt/py/bin/python"
+
+
+async def test_the_rest_api_answers_the_checklist_as_json(
+    jp_fetch, server_manager, slurm, quick_python, monkeypatch
+):
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_PYTHON", quick_python)
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_NETWORK_INTERFACE", INTERFACE or "lo")
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_TIME", "2:00:00")
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_PARTITION", "short")
+    response = await jp_fetch("slurm-ray", "api", "doctor", params={"queue_timeout": "5"})
+    data = json.loads(response.body)
+    assert response.code == 200 and data["ok"] is False
+    failed_checks = [c["name"] for c in data["checks"] if c["status"] == "fail"]
+    assert "request" in failed_checks
+    extensions = next(c for c in data["checks"] if c["name"] == "extensions")
+    assert "server extension" not in extensions["detail"]  # it answered: it runs
