@@ -28,6 +28,7 @@ import psutil
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.results import write_result
 from tests.helpers.server import head_of, jupyter_server, start_cluster
 
 
@@ -80,6 +81,7 @@ def main(repeats: int, requests_for_memory: int, seconds: float) -> None:
 
 
 def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float) -> None:
+    figures: dict[str, object] = {"repeats": repeats}
     head = head_of(cluster)
     proxied = f"{server.url}slurm-ray/dashboard/{cluster.id}/"
     jupyter, ray_auth = server.headers(), head.headers()
@@ -97,16 +99,19 @@ def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float)
         through = median_ms(lambda p=path: proxy_session.get(proxied + p, headers=jupyter), repeats)
         label = path or "index.html"
         print(f"{label:20}{direct:10.2f}{fresh:16.2f}{through:10.2f}{through / direct:7.2f}")
+        figures[label] = {"direct_ms": direct, "direct_new_conn_ms": fresh, "proxy_ms": through}
     # what any request through Jupyter costs: an authenticated no-op of Jupyter's own API
     status_url = server.url + "api/status"
     floor = median_ms(lambda: proxy_session.get(status_url, headers=jupyter), repeats)
     print(f"{'jupyter api/status':20}{'':26}{floor:10.2f}   (Jupyter's own cost, no proxying)")
+    figures["jupyter api/status ms"] = floor
     rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
     direct_rate = throughput(head.url + "api/cluster_status", head.headers(), 8, seconds)
     print(
         f"8 clients, {seconds:g} s: {rate:.0f} req/s through the proxy, "
         f"{direct_rate:.0f} req/s direct ({rate / direct_rate:.2f})"
     )
+    figures["8 clients req/s"] = {"proxy": rate, "direct": direct_rate}
     before = memory_mb(server.proc.pid)
     for i in range(requests_for_memory):
         path = "api/cluster_status" if i % 2 else ""
@@ -116,6 +121,8 @@ def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float)
         f"server memory before/after {requests_for_memory} proxied requests: "
         f"RSS {before[0]:.1f} -> {after[0]:.1f} MB, PSS {before[1]:.1f} -> {after[1]:.1f} MB"
     )
+    figures["server RSS MB"] = {"before": before[0], "after": after[0]}
+    write_result("proxy", figures)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,17 @@ in the same run on the same testbed:
   by one with a ``sleep`` each, then ``ray.init``), with token auth added so security is equal;
 - floor: sbatch → RUNNING, plus a bare ``ray start --head``, plus one Ray Client connect.
 
-Also the time from ``down()`` to no job and no Ray process left. Run on the login node:
+Our phases come from the cluster's states and the bootstrap's events; also the commands the
+transport ran until connected (each a round trip over SSH), and the time from ``down()`` to no
+job and no Ray process left. The figures go to a JSON file (benchmarks/results.py). Run on the
+login node:
     scripts/testbed exec -- /opt/jupyter-slurm-ray/venv/bin/python benchmarks/startup.py
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import socket
@@ -23,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.results import write_result
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.connect import connect_ray_client, disconnect_ray_client
 from jupyter_slurm_ray.registry import Registry
@@ -103,6 +108,32 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
+class RetryCounter(logging.Handler):
+    """Counts Ray Client connect attempts that failed and were retried (connect.py logs them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.retries = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.retries += "connect attempt" in record.getMessage()
+
+
+RETRIES = RetryCounter()
+logging.getLogger("jupyter_slurm_ray.connect").addHandler(RETRIES)
+
+
+def nodes_idle(timeout: float = 120) -> None:
+    """Wait until every node is idle: a run never waits for the previous run's nodes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = sh("sinfo", "-h", "-N", "-o", "%t").split()
+        if states and all(state == "idle" for state in states):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("nodes not idle")
+
+
 def client_connect(d: Path, host: str) -> float:
     """One Ray Client connect, retrying the known transient failure like ``up()`` does."""
     started = time.monotonic()
@@ -118,18 +149,22 @@ def submit(script: str, d: Path) -> str:
 
 
 def run_baseline(nodes: int) -> dict[str, float]:
+    nodes_idle()
+    retries = RETRIES.retries
     d = job_dir("bench-baseline.XXXX")
     started = time.monotonic()
     job = submit(TEMPLATE.format(nodes=nodes, d=d, venv=Path(VENV_PYTHON).parent.parent), d)
     try:
         ready = wait_file(d / "ready")
         connect = client_connect(d, (d / "head_ip").read_text().strip())
-        return {"total": ready - started + connect}
+        return {"total": ready - started + connect, "connect retries": RETRIES.retries - retries}
     finally:
         subprocess.run(["scancel", job], check=False)
 
 
 def run_floor() -> dict[str, float]:
+    nodes_idle()
+    retries = RETRIES.retries
     d = job_dir("bench-floor.XXXX")
     started = time.monotonic()
     job = submit(FLOOR.format(d=d, venv=Path(VENV_PYTHON).parent.parent), d)
@@ -145,27 +180,57 @@ def run_floor() -> dict[str, float]:
             "ray start --head": head_up - running,
             "client connect": connect,
             "total": head_up - started + connect,
+            "connect retries": RETRIES.retries - retries,
         }
     finally:
         subprocess.run(["scancel", job], check=False)
 
 
+class CountingTransport(LocalTransport):
+    """The test user's transport, counting its commands (round trips, over SSH)."""
+
+    def __init__(self) -> None:
+        super().__init__(AS_USER)
+        self.commands = 0
+        self.commands_to_submit: int | None = None
+
+    def mark_submitted(self) -> None:
+        if self.commands_to_submit is None:
+            self.commands_to_submit = self.commands
+
+    async def run(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+        self.commands += 1
+        return await super().run(argv, **kwargs)
+
+
 def run_ours(nodes: int, registry: Registry) -> dict[str, float]:
+    """``up()`` to connected with every node joined, its phases from the cluster's own states
+    and the bootstrap's events (all stamped with time.time() on this one machine)."""
+    nodes_idle()
+    retries = RETRIES.retries
+    transport = CountingTransport()
     cluster = SlurmRayCluster(
-        cluster_spec(nodes=nodes), LocalTransport(AS_USER), registry=registry, poll_interval=0.2
+        cluster_spec(nodes=nodes), transport, registry=registry, poll_interval=0.2
     )
     started = time.time()
+    cluster.add_observer(lambda status: status.job_id and transport.mark_submitted())
     cluster.up()
+    returned = time.time()
     first = {s.state: s.at for s in reversed(cluster.history)}
-    seen = cluster._follower.events.events
-    events = {e.get("phase") or e["event"]: e["t"] for e in seen if "t" in e}
+    events: dict[str, dict] = {}
+    for event in cluster.events:
+        events.setdefault(event.get("phase") or event["event"], event)
+    job_start = min(e["t"] for e in cluster.events)
     result = {
-        "submit": first[State.PENDING] - started,
-        "queue": first[State.STARTING] - first[State.PENDING],
-        "head up": events.get("head_up", first[State.READY]) - first[State.STARTING],
-        "nodes joined": first[State.READY] - events.get("head_up", first[State.STARTING]),
-        "client connected": first[State.CONNECTED] - first[State.READY],
-        "total": first[State.CONNECTED] - started,
+        "submit (job dir, sbatch)": first[State.PENDING] - started,
+        "queue (until the job runs)": job_start - first[State.PENDING],
+        "import ray on the node": events["import_ray"]["seconds"],
+        "head answers (from job start)": events["head_ready"]["t"] - job_start,
+        "client connected (after head)": first[State.CONNECTED] - events["head_ready"]["t"],
+        "all nodes joined (from job start)": events["ready"]["t"] - job_start,
+        "total: up() -> connected, all joined": returned - started,
+        "commands run until submitted": transport.commands_to_submit or 0,
+        "connect retries": RETRIES.retries - retries,
     }
     down_started = time.monotonic()
     cluster.down()
@@ -179,28 +244,46 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+def print_phases(label: str, figures: dict[str, float]) -> None:
+    for phase, value in figures.items():
+        unit = "" if phase.startswith(("commands", "connect")) else " s"
+        print(f"  {label:9s} {phase:38s} {value:6.1f}{unit}")
+
+
+def main(repeats: int) -> None:
+    """Runs interleaved (floor, then ours and the template for 1 and 3 nodes, repeated), so
+    a slow moment of the machine hits every variant alike; medians of ``repeats``."""
     registry = Registry(tempfile.mkdtemp(prefix="jsr-bench-"))
-    floor = median_of([run_floor() for _ in range(args.repeats)])
-    print(
-        f"floor (median of {args.repeats}): "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in floor.items())
-    )
+    runs: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeats):
+        runs.setdefault("floor", []).append(run_floor())
+        for nodes in (1, 3):
+            runs.setdefault(f"ours {nodes}", []).append(run_ours(nodes, registry))
+            runs.setdefault(f"template {nodes}", []).append(run_baseline(nodes))
+    medians = {name: median_of(r) for name, r in runs.items()}
+    floor = medians["floor"]
+    print(f"medians of {repeats} interleaved runs on this machine ({os.cpu_count()} cores)")
+    print_phases("floor", floor)
+    ratios = {}
     for nodes in (1, 3):
-        ours = median_of([run_ours(nodes, registry) for _ in range(args.repeats)])
-        base = median_of([run_baseline(nodes) for _ in range(args.repeats)])
-        print(f"\n{nodes} node(s), medians of {args.repeats}:")
-        for phase, seconds in ours.items():
-            print(f"  ours   {phase:22s} {seconds:6.1f} s")
-        print(f"  Ray's Slurm template total  {base['total']:6.1f} s")
+        ours, template = medians[f"ours {nodes}"], medians[f"template {nodes}"]
+        total = ours["total: up() -> connected, all joined"]
+        ratios[f"{nodes} node(s)"] = {
+            "ours/template": total / template["total"],
+            "ours/floor": total / floor["total"],
+        }
+        print(f"\n{nodes} node(s):")
+        print_phases("ours", ours)
+        print_phases("template", template)
         print(
-            f"  ratio ours/baseline {ours['total'] / base['total']:.2f}   "
-            f"ours/floor {ours['total'] / floor['total']:.2f}"
+            f"  ratio ours/template {total / template['total']:.2f}   "
+            f"ours/floor {total / floor['total']:.2f}   (targets at 3 nodes: <= 0.6, <= 1.1)"
         )
+    figures = {"repeats": repeats, "medians": medians, "ratios": ratios, "runs": runs}
+    write_result("startup", figures)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    main(parser.parse_args().repeats)

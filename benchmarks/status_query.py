@@ -13,9 +13,13 @@ import os
 import shlex
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.results import write_result
 from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.transport import LocalTransport, SSHTransport
 
@@ -74,6 +78,9 @@ async def main(repeats: int, jobs: int) -> None:
     print(f"status query for {jobs} jobs, median of {repeats} (baseline: fresh ssh per query)")
     for name, median in results.items():
         print(f"  {name:42s} {median * 1000:8.1f} ms   ratio vs baseline {median / base:5.2f}")
+    write_result(
+        "status_query", {"jobs": jobs, "median_ms": {k: v * 1000 for k, v in results.items()}}
+    )
 
 
 if __name__ == "__main__":

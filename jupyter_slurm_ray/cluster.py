@@ -25,6 +25,7 @@ from typing import Any
 from . import connect as ray_client
 from . import submission
 from .aio import blocking, run_sync
+from .clientside import ClientSide
 from .errors import (
     ClusterTimeout,
     ConnectError,
@@ -41,7 +42,7 @@ from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until
 from .states import State, Status, record_fields, status_of_record
-from .transport import Forward, LocalTransport, Transport
+from .transport import LocalTransport, Transport
 from .usage import LIVE_SECONDS, Usage, fetch_usage
 from .walltime import Extension, extend_walltime
 from .watch import Answer, watcher_for
@@ -86,20 +87,17 @@ class SlurmRayCluster:
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected
         self.steady_poll_interval = steady_poll_interval  # ... and this often once up
         self.submit_timeout = submit_timeout
-        self.connection: ray_client.ConnectionInfo | None = None
         self.job_dir: str | None = None
         self.lease = Lease(spec.idle_timeout)
         self._status = Status(State.SUBMITTING, nodes_wanted=spec.nodes)
         self._observers: list[Observer] = []
         self._follower = JobFollower()
         self._changed: asyncio.Event | None = None
-        self._forwards: dict[str, Forward] = {}
-        self._connected = False
+        self._client = ClientSide(self.transport, self.registry, self.id, self._save_record)
         self._stopping = False
         self._detached = False
         self._recorded = False  # written once: later writes never re-create a forgotten record
         self._stop_notice: str | None = None  # why a stop may take longer
-        self._token_path: str | None = None
         self.history: list[Status] = []
         self.created_at = time.time()
 
@@ -116,6 +114,11 @@ class SlurmRayCluster:
     @property
     def job_id(self) -> str | None:
         return self._status.job_id
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The bootstrap's events read so far (``events.jsonl``: phases, nodes, errors…)."""
+        return list(self._follower.events.events)
 
     def add_observer(self, observer: Observer) -> None:
         """``observer(status)`` is called on every state change (from the loop thread)."""
@@ -135,12 +138,17 @@ class SlurmRayCluster:
 
     @property
     def dashboard_url(self) -> str | None:
-        fwd = self._forwards.get("dashboard")
-        if fwd is not None:
-            return f"http://{fwd.local_host}:{fwd.local_port}/"
-        if self.connection is not None:
-            return f"http://{self.connection.head_ip}:{self.connection.dashboard_port}/"
-        return None
+        return self._client.dashboard_url
+
+    @property
+    def connection(self) -> ray_client.ConnectionInfo | None:
+        """The head's address, ports and versions, once known (``connection.json``)."""
+        return self._client.connection
+
+    @property
+    def token_path(self) -> str | None:
+        """This process's copy of the cluster's Ray token (0600), once connected."""
+        return self._client.token_path
 
     # -- lifecycle ------------------------------------------------------------------------
     @classmethod
@@ -274,24 +282,14 @@ class SlurmRayCluster:
         """Connect this kernel with Ray Client (through SSH forwards when remote)."""
         if not (self._status.state.is_up or self._follower.events.head_ready):
             raise ConnectError(f"cluster {self.spec.name} is {self._status.describe()}, not READY")
-        info = await self._load_connection()
-        ray_client.preflight(info)
-        token_path = await self._local_token()
-        client = await self._reach("client", info.head_ip, info.client_port)
-        await self._reach("dashboard", info.head_ip, info.dashboard_port)
-        address = f"ray://{client.local_host}:{client.local_port}"
-        await asyncio.to_thread(
-            ray_client.connect_ray_client, address, token_path, timeout=timeout, attempts=attempts
-        )
-        self._connected = True
+        await self._client.connect(self._job_dir(), timeout, attempts)
         self._update_state()
 
     connect = blocking(connect_async)
 
     async def disconnect_async(self) -> None:
-        if self._connected:
-            await asyncio.to_thread(ray_client.disconnect_ray_client)
-            self._connected = False
+        if self._client.connected:
+            await self._client.disconnect()
             self._update_state()
 
     disconnect = blocking(disconnect_async)
@@ -304,7 +302,7 @@ class SlurmRayCluster:
         """
         await self.disconnect_async()
         if self._status.job_id is None or self._status.state.is_final:
-            self._close_forwards()
+            self._client.close_forwards()
             return self._status
         self._stopping = True
         self.lease.release()
@@ -325,7 +323,7 @@ class SlurmRayCluster:
             if self._changed is None:  # attached without a watcher loop
                 with contextlib.suppress(SlurmUnavailable):
                     await self.refresh_async()
-        self._close_forwards()
+        self._client.close_forwards()
         return self._status
 
     down = blocking(down_async)
@@ -333,7 +331,7 @@ class SlurmRayCluster:
     async def close_async(self) -> None:
         """Release this object's connections (the cluster itself is left as it is)."""
         await self.disconnect_async()
-        self._close_forwards()
+        self._client.close_forwards()
         self.lease.release()
         if self._status.job_id:
             watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
@@ -372,19 +370,11 @@ class SlurmRayCluster:
 
     def job_client(self) -> Any:
         """A Ray Jobs client (``JobSubmissionClient``) through the dashboard, with the token."""
-        from ray.job_submission import JobSubmissionClient
-
-        if self.dashboard_url is None or self._token_path is None:
-            raise ConnectError("connect() first: the dashboard address is not known yet")
-        with open(self._token_path) as f:
-            token = f.read().strip()
-        return JobSubmissionClient(
-            self.dashboard_url.rstrip("/"), headers={"X-Ray-Authorization": f"Bearer {token}"}
-        )
+        return self._client.job_client()
 
     async def connection_info_async(self) -> ray_client.ConnectionInfo:
         """The head's address, ports and versions (``connection.json``), once READY."""
-        return await self._load_connection()
+        return await self._client.load_connection(self._job_dir())
 
     connection_info = blocking(connection_info_async)
 
@@ -425,7 +415,7 @@ class SlurmRayCluster:
             watcher_for(self.transport).poll_soon()
         if self._follower.events.ready and self.connection is None:
             with contextlib.suppress(SlurmRayError):  # the record then has the head's address
-                await self._load_connection()
+                await self._client.load_connection(self._job_dir())
         self._update_state(answer.job, log_tail)
         if self._status.state.is_final:
             self.lease.release()
@@ -436,20 +426,19 @@ class SlurmRayCluster:
         status = self._follower.status(
             self._status,
             job,
-            connected=self._connected,
+            connected=self._client.connected,
             stopping=self._stopping,
             log_tail=log_tail,
             stop_notice=self._stop_notice,
         )
-        if status.state.is_final and self._connected:
-            self._connected = False
+        if status.state.is_final and self._client.connected:
+            self._client.lost()
             log.warning(
                 "cluster %s ended while connected (%s); Ray calls will fail until you connect "
                 "to a running cluster",
                 self.spec.name,
                 status.describe(),
             )
-            asyncio.get_running_loop().run_in_executor(None, ray_client.disconnect_ray_client)
         self._set_status(status)
 
     def _set_status(self, status: Status) -> None:
@@ -483,7 +472,7 @@ class SlurmRayCluster:
             head_ip=info.head_ip if info else None,
             client_port=info.client_port if info else None,
             dashboard_port=info.dashboard_port if info else None,
-            forwards={k: f.local_port for k, f in self._forwards.items() if f.is_open},
+            forwards=self._client.open_forwards(),
             detached=self._detached,
             spec=s.to_dict(),
             created_at=self.created_at,
@@ -494,33 +483,6 @@ class SlurmRayCluster:
             self._recorded = True
         except (OSError, SlurmRayError) as exc:
             log.warning("could not save the record of %s: %s", self.id, exc)
-
-    # -- connecting -----------------------------------------------------------------------
-    async def _load_connection(self) -> ray_client.ConnectionInfo:
-        if self.connection is None:
-            text = await self._job_dir().read_connection()
-            self.connection = ray_client.ConnectionInfo.from_json(text)
-        return self.connection
-
-    async def _local_token(self) -> str:
-        if self._token_path is None:
-            token = await self._job_dir().read_token()
-            self._token_path = str(self.registry.store_token(self.id, token))
-        return self._token_path
-
-    async def _reach(self, name: str, host: str, port: int) -> Forward:
-        fwd = self._forwards.get(name)
-        if fwd is None or not fwd.is_open:
-            fwd = await self.transport.forward(host, port)
-            self._forwards[name] = fwd
-            self._save_record()
-        return fwd
-
-    def _close_forwards(self) -> None:
-        for fwd in self._forwards.values():
-            fwd.close()
-        self._forwards.clear()
-        self._save_record()
 
     # -- what Slurm's accounting says: usage, and the walltime --------------------------------
     # (issue 11) Read-only towards the registry: a process that does not own the cluster (the

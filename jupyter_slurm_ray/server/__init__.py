@@ -47,6 +47,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     config = SlurmRay(parent=serverapp)
     registry = Registry()
     retention_days, _ = effective_setting("record_retention_days", config)
+    steady, _ = effective_setting("steady_poll_interval", config)
     manager = ClusterManager(
         registry,
         Transports(lambda: make_transport(config), reconfigurable=False),
@@ -54,6 +55,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             settings, profile=profile, config=config
         )[0],
         retention=float(7 if retention_days is None else retention_days) * 86400,
+        steady_poll_interval=float(15 if steady is None else steady),
     )
     backends = DashboardBackends(
         registry, lambda record: manager.transport(record.target), manager.status

@@ -53,12 +53,17 @@ class ClusterManager:
         *,
         resolve_spec: SpecResolver,
         refresh_interval: float = 3.0,
+        steady_poll_interval: float = 15.0,
         retention: float = 7 * DAY,
         housekeeping_interval: float = 10.0,
     ) -> None:
         self.registry = registry
         self.transports = transports
-        self.inventory = Inventory(registry, transports, max_age=refresh_interval)
+        # A listing takes the user's shared queue answer up to a steady poll old: a cluster
+        # that changes is watched by its owner, who asks Slurm often and shares the answer.
+        self.inventory = Inventory(
+            registry, transports, max_age=refresh_interval, shared_max_age=steady_poll_interval
+        )
         self.retention = retention
         self.housekeeping_interval = housekeeping_interval
         self._resolve_spec = resolve_spec
@@ -203,12 +208,23 @@ class ClusterManager:
             await asyncio.sleep(self.housekeeping_interval)
 
     async def housekeep(self) -> None:
-        """One round: cancel clusters whose owner died here, forget old ended ones."""
-        self.inventory.expire()
-        for entry in await self.inventory.entries():
-            if self._owner_died(entry):
-                await self._reap(entry)
+        """One round: cancel clusters whose owner died here, forget old ended ones. Slurm is
+        asked (exactly) only when a record's owner is gone: a quiet round costs no query."""
+        if any(self._owner_died_by_record(r) for r in self.registry.all()):
+            self.inventory.expire()
+            for entry in await self.inventory.entries():
+                if self._owner_died(entry):
+                    await self._reap(entry)
         self.registry.prune(self.retention)
+
+    def _owner_died_by_record(self, record: ClusterRecord) -> bool:
+        return (
+            not record.is_final
+            and not record.detached
+            and record.job_id is not None
+            and record.id not in self._owned
+            and record.owner_gone
+        )
 
     def _owner_died(self, entry: Entry) -> bool:
         record = entry.record
@@ -216,10 +232,7 @@ class ClusterManager:
             record is not None
             and entry.active
             and not entry.error
-            and not record.detached
-            and record.job_id is not None
-            and record.id not in self._owned
-            and record.owner_gone
+            and self._owner_died_by_record(record)
         )
 
     async def _reap(self, entry: Entry) -> None:

@@ -113,6 +113,16 @@ async def test_housekeeping_cancels_a_dead_owners_tagged_job_only(manager, regis
     }
 
 
+async def test_a_quiet_housekeeping_round_asks_slurm_nothing(manager, registry, slurm):
+    add_job(slurm, "7", "mine-0000")
+    registry.save(record("7", "mine", owner_pid=os.getpid()))  # its owner lives and watches it
+    add_job(slurm, "8", "away-0000")
+    registry.save(record("8", "away", owner_pid=dead_pid(), detached=True))
+    for _ in range(3):
+        await manager.housekeep()
+    assert [c for c in slurm.calls if c[0] == "squeue"] == []
+
+
 async def test_housekeeping_forgets_ended_clusters_after_the_retention(manager, registry):
     registry.save(record("7", "old", state="STOPPED"))
     path = registry.path / "clusters" / "old-0000.json"

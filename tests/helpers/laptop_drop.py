@@ -67,7 +67,7 @@ def main() -> None:
         cluster.up()
         ports = sorted(f.local_port for f in transport.open_forwards)
         seen["ports_before"] = ports
-        token = Path(cluster._token_path).read_text().strip()
+        token = Path(cluster.token_path).read_text().strip()
         lease = f"{cluster.job_dir}/lease"
 
         @ray.remote(num_cpus=0)

@@ -63,7 +63,7 @@ def main() -> None:
         result["hosts"] = json.loads(captured[-1])
         url = cluster.dashboard_url
         result["dashboard_url"] = url
-        with open(cluster._token_path) as f:
+        with open(cluster.token_path) as f:
             token = f.read().strip()
         result["dashboard_with_token"] = dashboard_status(url, token)
         result["dashboard_without_token"] = dashboard_status(url, None)
