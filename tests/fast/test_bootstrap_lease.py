@@ -7,7 +7,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ..helpers.bootstrap import bootstrap_module, lease_json
+from ..helpers.clock import VirtualClock
 
 jsr_events = bootstrap_module("jsr_events")
 
@@ -35,17 +38,18 @@ def write_lease(path: Path, text: str) -> None:
     (path / "lease").write_text(text)
 
 
-def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path) -> None:
+def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path, monkeypatch) -> None:
     never = lambda: False  # noqa: E731
+    clock = VirtualClock()
+    monkeypatch.setattr(jsr_events, "time", clock.as_time_module())
     write_lease(tmp_path, lease_json(time.time() - 5))
-    started = time.monotonic()
     assert jsr_events.owner_gone(tmp_path, 60, never) is None
-    assert time.monotonic() - started < 0.1  # fresh: no waiting
+    assert clock.slept == 0  # fresh: no waiting
 
     write_lease(tmp_path, lease_json(time.time() - 3 * 3600 - 5, renew_every=0.2))
-    started = time.monotonic()
     gone = jsr_events.owner_gone(tmp_path, 60, never)
-    assert 3.3 <= time.monotonic() - started < 4.5  # 2 * renew_every + 3
+    assert clock.slept == pytest.approx(3.4, abs=0.25)  # waited 2 * renew_every + 3 for a change
+    monkeypatch.undo()
     assert gone["reason"] == (
         "the owner's lease was last renewed 3:00:05 ago (idle_timeout 60 s): "
         "the owner is gone, Ray was not started"

@@ -9,12 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ..helpers.bootstrap import BOOTSTRAP_DIR, bootstrap_module, claims
+from ..helpers.clock import VirtualClock
 
 # the job's Python imports them top-level, from the shipped directory
 portblock = bootstrap_module("portblock")
@@ -137,13 +137,14 @@ sys.stdin.read()
 """
 
 
-def test_port_lock_is_never_fatal_nor_endless(tmp_path: Path) -> None:
+def test_port_lock_is_never_fatal_nor_endless(tmp_path: Path, monkeypatch) -> None:
     reasons: list[str] = []
+    clock = VirtualClock()
+    monkeypatch.setattr(portlock, "time", clock.as_time_module())
     os.mkfifo(tmp_path / "lock")  # a FIFO: opening it must not wait for a writer
-    started = time.monotonic()
     with portlock.port_lock(tmp_path, reasons.append, wait=5) as held:
         assert not held
-    assert time.monotonic() - started < 1
+    assert clock.slept == 0
     assert (
         reasons[-1]
         == f"cannot open the port lock {tmp_path}/lock: {tmp_path}/lock is not a regular file"
@@ -161,10 +162,9 @@ def test_port_lock_is_never_fatal_nor_endless(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        started = time.monotonic()
         with portlock.port_lock(tmp_path, reasons.append, wait=0.5) as held:
             assert not held
-        assert 0.5 <= time.monotonic() - started < 1.5
+        assert clock.slept == pytest.approx(0.5, abs=0.06)  # waited its 0.5 s, no longer
         assert reasons[-1] == (
             f"the port lock {tmp_path}/lock stayed locked for 0.5 s by pid {holder.pid} "
             f"(uid {os.getuid()}); going on without it (every port is still probed)"
