@@ -38,6 +38,7 @@ from .jobdir import JobDir
 from .lease import Lease
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
+from .scaling import WorkerJobs, checked_node_count
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until
@@ -94,6 +95,8 @@ class SlurmRayCluster:
         self._follower = JobFollower()
         self._changed: asyncio.Event | None = None
         self._client = ClientSide(self.transport, self.registry, self.id, self._save_record)
+        self.workers = WorkerJobs(self.transport, self.slurm, self.id, spec)
+        self._worker_events_seen = 0
         self._stopping = False
         self._detached = False
         self._recorded = False  # written once: later writes never re-create a forgotten record
@@ -166,6 +169,7 @@ class SlurmRayCluster:
         cluster._detached = record.detached
         cluster.created_at = record.created_at
         cluster._status = status_of_record(record)
+        cluster.workers.load_record(record.worker_jobs)
         cluster._recorded = True
         return cluster
 
@@ -307,6 +311,7 @@ class SlurmRayCluster:
         self._stopping = True
         self.lease.release()
         self._update_state()
+        await self.workers.cancel_all()
         try:
             await self.slurm.cancel(self._status.job_id)
         except SlurmUnavailable as exc:
@@ -335,6 +340,7 @@ class SlurmRayCluster:
         self.lease.release()
         if self._status.job_id:
             watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
+        self.workers.unfollow(watcher_for(self.transport))
         await self.transport.close()
 
     close = blocking(close_async)
@@ -378,12 +384,46 @@ class SlurmRayCluster:
 
     connection_info = blocking(connection_info_async)
 
+    # -- scaling: extra worker jobs (scaling.py) -------------------------------------------
+    async def scale_async(self, nodes: int, *, drain_timeout: float = 60.0) -> Status:
+        """Scale to ``nodes`` Ray nodes in all: the head's allocation (``spec.nodes``) plus
+        one-node worker jobs. Out: worker jobs are submitted (returns at once; they join as
+        Slurm starts them). In: pending worker jobs are cancelled first, then running ones are
+        drained through Ray (up to ``drain_timeout`` s) and cancelled; returns once they ended.
+        SpecError (field ``nodes``) for anything but a whole number ≥ ``spec.nodes``."""
+        wanted = checked_node_count(nodes, self.spec.nodes)
+        if self._status.state.is_final or not (
+            self._status.state.is_up or self._follower.events.head_ready
+        ):
+            raise SlurmRayError(
+                f"cluster {self.spec.name} is {self._status.describe()}: scale it once it is up"
+            )
+        watcher = watcher_for(self.transport)
+        await self.workers.scale_to(
+            wanted - self.spec.nodes,
+            self._job_dir().path,
+            drain_timeout=drain_timeout,
+            poll=watcher.poll_soon,
+        )
+        self.workers.follow(watcher, self._update_state, self.poll_interval)
+        self._update_state()
+        return self._status
+
+    scale = blocking(scale_async)
+
+    def _note_worker_events(self) -> None:
+        events = self._follower.events.worker_events
+        if len(events) > self._worker_events_seen:
+            self.workers.note_events(events[self._worker_events_seen :])
+            self._worker_events_seen = len(events)
+
     # -- following the job ----------------------------------------------------------------
     def _own(self, job_id: str) -> None:
         """Watch the job and keep its lease from now on (until it ends)."""
         _owned.add(self)
         watcher = watcher_for(self.transport, self.poll_interval, self.registry.path)
         watcher.watch(job_id, self._on_answer, pace=self._pace(), tick=self.poll_interval)
+        self.workers.follow(watcher, self._update_state, self.poll_interval)
         if not self._stopping:
             self.lease.keep(self._job_dir().write_lease)
 
@@ -411,6 +451,7 @@ class SlurmRayCluster:
     async def _on_answer(self, answer: Answer) -> None:
         """One poll's news: Slurm's answer (or silence) plus the job's new events."""
         log_tail = await self._follower.observe(answer, self._job_dir(), self.slurm)
+        self._note_worker_events()
         if self._follower.news_for_slurm and not answer.fresh:  # the job's events say so
             watcher_for(self.transport).poll_soon()
         if self._follower.events.ready and self.connection is None:
@@ -419,6 +460,7 @@ class SlurmRayCluster:
         self._update_state(answer.job, log_tail)
         if self._status.state.is_final:
             self.lease.release()
+            await self.workers.cancel_all()  # the head ended: its worker jobs end too
             if self._status.job_id:
                 watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
 
@@ -430,6 +472,11 @@ class SlurmRayCluster:
             stopping=self._stopping,
             log_tail=log_tail,
             stop_notice=self._stop_notice,
+        )
+        status = replace(
+            status,
+            nodes_wanted=self.spec.nodes + self.workers.wanted,
+            worker_jobs=self.workers.views(),
         )
         if status.state.is_final and self._client.connected:
             self._client.lost()
@@ -467,13 +514,14 @@ class SlurmRayCluster:
             target=self.transport.target,
             job_dir=self.job_dir or "",
             **record_fields(status),
-            nodes_wanted=s.nodes,
+            nodes_wanted=s.nodes + self.workers.wanted,
             gpus_per_node=s.gpus_per_node,
             head_ip=info.head_ip if info else None,
             client_port=info.client_port if info else None,
             dashboard_port=info.dashboard_port if info else None,
             forwards=self._client.open_forwards(),
             detached=self._detached,
+            worker_jobs=self.workers.to_record(),
             spec=s.to_dict(),
             created_at=self.created_at,
         )
@@ -488,8 +536,9 @@ class SlurmRayCluster:
     # (issue 11) Read-only towards the registry: a process that does not own the cluster (the
     # CLI, another kernel) never rewrites its record from here.
     def slurm_job_ids(self) -> list[str]:
-        """The Slurm jobs of this cluster (one today; worker jobs may be added)."""
-        return [self._status.job_id] if self._status.job_id else []
+        """The Slurm jobs of this cluster: the head's, then its worker jobs'."""
+        head = [self._status.job_id] if self._status.job_id else []
+        return head + list(self.workers.jobs)
 
     async def usage_async(self) -> Usage:
         """What the cluster's jobs used (sacct: CPU- and GPU-hours, CPU efficiency, max RSS
@@ -517,6 +566,8 @@ def _cancel_owned_clusters() -> None:
     for cluster in list(_owned):
         if cluster._detached or cluster.state.is_final or cluster.job_id is None:
             continue
+        with contextlib.suppress(Exception):
+            run_sync(cluster.workers.cancel_all(), timeout=15)
         with contextlib.suppress(Exception):
             run_sync(cluster.slurm.cancel(cluster.job_id), timeout=15)
             log.info("cancelled job %s of cluster %s at exit", cluster.job_id, cluster.id)

@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 
 from .errors import SpecError
-from .naming import CLUSTER_ID_ALLOWED, is_cluster_id, job_comment
+from .naming import CLUSTER_ID_ALLOWED, is_cluster_id, job_comment, worker_job_comment
 from .spec import ClusterSpec
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "UNTRUSTED_JOB_DIR_EXIT",
     "job_script_lines",
     "render_job_script",
+    "render_worker_job_script",
     "sbatch_directives",
 ]
 
@@ -45,6 +46,28 @@ def render_job_script(
     return "\n".join(lines) + "\n"
 
 
+def render_worker_job_script(
+    spec: ClusterSpec,
+    *,
+    cluster_id: str,
+    job_dir: str,
+    command: Sequence[str],
+    exported: Sequence[str] = (),
+) -> str:
+    """The script of one worker job (scaling out): one node of the head's shape, the same
+    env and setup lines, tagged with the worker job tag, running ``bootstrap workerjob``."""
+    worker = spec.replace(nodes=1, name=f"{spec.name}-worker")
+    lines = job_script_lines(
+        worker,
+        cluster_id=cluster_id,
+        job_dir=job_dir,
+        command=command,
+        exported=exported,
+        comment=worker_job_comment(cluster_id),
+    )
+    return "\n".join(lines) + "\n"
+
+
 def job_script_lines(
     spec: ClusterSpec,
     *,
@@ -52,9 +75,12 @@ def job_script_lines(
     job_dir: str,
     command: Sequence[str],
     exported: Sequence[str] = (),
+    comment: str | None = None,
 ) -> list[str]:
     """The script's lines, without line ends (see render_job_script)."""
-    directives = sbatch_directives(spec, cluster_id=cluster_id, job_dir=job_dir, exported=exported)
+    directives = sbatch_directives(
+        spec, cluster_id=cluster_id, job_dir=job_dir, exported=exported, comment=comment
+    )
     argv = _checked_command(command)
     return [
         "#!/bin/bash",
@@ -68,15 +94,21 @@ def job_script_lines(
 
 
 def sbatch_directives(
-    spec: ClusterSpec, *, cluster_id: str, job_dir: str, exported: Sequence[str] = ()
+    spec: ClusterSpec,
+    *,
+    cluster_id: str,
+    job_dir: str,
+    exported: Sequence[str] = (),
+    comment: str | None = None,
 ) -> list[str]:
-    """The options of the #SBATCH lines, in order, each one shell-quoted word `--name=value`."""
+    """The options of the #SBATCH lines, in order, each one shell-quoted word `--name=value`;
+    ``comment``: the job's tag (the cluster's by default)."""
     spec.require_complete()
     _check_cluster_id(cluster_id)
     _check_job_dir(job_dir)
     options = [
         ("--job-name", spec.name),
-        ("--comment", job_comment(cluster_id)),
+        ("--comment", comment or job_comment(cluster_id)),
         ("--nodes", str(spec.nodes)),
         ("--ntasks-per-node", "1"),
         *_resource_options(spec),

@@ -19,6 +19,9 @@ CLUSTER_ID_ALLOWED = "4 to 64 of a-z 0-9 -, starting with a letter or digit"
 #: The job comment the job script sets: JOB_TAG + cluster id. It finds our jobs in Slurm.
 JOB_TAG = "jupyter-slurm-ray:"
 
+#: The job comment of a cluster's extra worker jobs (scaling): WORKER_JOB_TAG + cluster id.
+WORKER_JOB_TAG = "jupyter-slurm-ray-worker:"
+
 #: Set by the Jupyter server extension for its kernels: the dashboard proxy's URL prefix.
 DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 
@@ -35,6 +38,16 @@ def new_cluster_id(name: str) -> str:
 
 def job_comment(cluster_id: str) -> str:
     return JOB_TAG + cluster_id
+
+
+def worker_job_comment(cluster_id: str) -> str:
+    return WORKER_JOB_TAG + cluster_id
+
+
+def cluster_id_of_worker_comment(comment: str) -> str | None:
+    """The cluster id a worker job's comment tags, or None for any other job."""
+    comment = comment.strip()
+    return comment[len(WORKER_JOB_TAG) :] if comment.startswith(WORKER_JOB_TAG) else None
 
 
 def cluster_id_of_comment(comment: str) -> str | None:

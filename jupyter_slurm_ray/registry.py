@@ -78,6 +78,8 @@ class ClusterRecord:
     owner_started: str | None = field(default_factory=lambda: this_process().started)
     owner: str = field(default_factory=getpass.getuser)
     detached: bool = False
+    # the extra worker jobs (scaling.WorkerJob as dicts: job_id, state, reason, host, ...)
+    worker_jobs: list[dict[str, Any]] = field(default_factory=list)
     spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
@@ -150,6 +152,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "owner_started": _OPTIONAL_STR,
     "owner": (str,),
     "detached": (bool,),
+    "worker_jobs": (list,),
     "spec": (dict,),
     "created_at": (int, float),
     "updated_at": (int, float),
@@ -167,8 +170,8 @@ def _check_field(name: str, value: Any) -> None:
         raise RegistryError(f"unknown state {value!r}")
     if name == "job_id" and isinstance(value, str) and not value.isdigit():
         raise RegistryError(f"the job id {value!r} is not a Slurm job id")
-    if isinstance(value, list) and not all(isinstance(host, str) for host in value):
-        raise RegistryError("the field 'nodes_lost' is not a list of host names")
+    if name in ("nodes_lost", "worker_jobs") and isinstance(value, list):
+        _check_list(name, value)
     if (
         isinstance(value, dict)
         and name == "forwards"
@@ -178,6 +181,16 @@ def _check_field(name: str, value: Any) -> None:
         )
     ):
         raise RegistryError("the field 'forwards' is not a mapping of names to ports")
+
+
+def _check_list(name: str, value: list[Any]) -> None:
+    if name == "nodes_lost" and not all(isinstance(host, str) for host in value):
+        raise RegistryError("the field 'nodes_lost' is not a list of host names")
+    if name == "worker_jobs" and not all(
+        isinstance(job, dict) and isinstance(job.get("job_id"), str) and job["job_id"].isdigit()
+        for job in value
+    ):
+        raise RegistryError("the field 'worker_jobs' is not a list of worker jobs with job ids")
 
 
 @dataclass(frozen=True)

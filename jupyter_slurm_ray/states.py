@@ -59,6 +59,24 @@ _SLURM_FINAL = {
 
 
 @dataclass(frozen=True)
+class WorkerJobStatus:
+    """One extra worker job of the cluster (scaling): Slurm's state and reason, its node."""
+
+    job_id: str
+    state: str  # Slurm's: PENDING, RUNNING, ...
+    reason: str | None = None  # Slurm's pending reason, or why it ended
+    host: str | None = None
+    joined: bool = False  # its Ray node joined the head
+
+    def describe(self) -> str:
+        if self.state == "PENDING":
+            return f"job {self.job_id} PENDING ({self.reason or 'no reason yet'})"
+        where = f" on {self.host}" if self.host else ""
+        joined = ", joined" if self.joined else ", joining" if self.state == "RUNNING" else ""
+        return f"job {self.job_id} {self.state}{where}{joined}"
+
+
+@dataclass(frozen=True)
 class Status:
     """One moment of a cluster's life, as shown by the widget, the magics and the sidebar."""
 
@@ -80,6 +98,12 @@ class Status:
     slurm_unreachable_since: float | None = None
     # A transient problem worth showing (why Slurm did not answer, a watcher error).
     notice: str | None = None
+    # The extra worker jobs (scaling) Slurm may still run; nodes_wanted counts those wanted.
+    worker_jobs: tuple[WorkerJobStatus, ...] = ()
+
+    @property
+    def worker_jobs_pending(self) -> tuple[WorkerJobStatus, ...]:
+        return tuple(job for job in self.worker_jobs if job.state == "PENDING")
 
     def same_as(self, other: Status | None) -> bool:
         """Equal in everything a viewer would notice (the timestamp and the walltime left,
@@ -112,7 +136,25 @@ def status_of_record(record: Any) -> Status:
         time_limit=record.time_limit,
         time_left=record.time_left,
         slurm_unreachable_since=record.slurm_unreachable_since,
+        worker_jobs=tuple(
+            WorkerJobStatus(
+                str(job.get("job_id")),
+                str(job.get("state")),
+                job.get("reason"),
+                job.get("host"),
+                bool(job.get("joined")),
+            )
+            for job in record.worker_jobs
+            if isinstance(job, Mapping) and job.get("state") not in WORKER_ENDED
+        ),
     )
+
+
+#: Slurm's final states of a worker job, and ENDED: Slurm forgot it.
+WORKER_ENDED = frozenset(
+    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}
+    | {"DEADLINE", "OUT_OF_MEMORY", "ENDED"}
+)
 
 
 def record_fields(status: Status) -> dict[str, Any]:
@@ -146,10 +188,15 @@ class EventSummary:
     stopped: bool = False
     nodes_lost: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    # the extra worker jobs' own events (``worker_job``): theirs, not the cluster's state
+    worker_events: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for ev in events:
             self.events.append(ev)
+            if ev.get("worker_job"):
+                self.worker_events.append(ev)
+                continue
             kind = ev.get("event")
             if kind == "phase":
                 self.phase = ev.get("phase", self.phase)

@@ -51,6 +51,18 @@ Every event line has t (time.time()), event, host and role (head|worker); then:
     walltime_warning, lease_stale (idle_timeout), error (reason, log), stopped
                          (reason, exit_code, killed)
 
+A worker job (``python JOB_DIR/bootstrap workerjob JOB_DIR``: one extra Slurm job of one node
+that the client submits to scale out) joins the running head as a worker does; every event it
+writes carries worker_job (its Slurm job id). It ends by itself when the owner's lease is stale,
+when head.json stays missing for HEAD_GONE_AFTER s (the head ended), or when the client asks it
+to drain (the file drain-<job id> in JOB_DIR): it then asks Ray to drain its node (`ray
+drain-node`: no new tasks; the raylet exits once idle), waits up to the drain timeout, stops.
+
+    worker_job_started   nodes: the worker job's batch step started
+    head_gone            reason: the head is not there (before or after joining); nothing kept
+    worker_leaving       reason, ip: this node leaves on purpose (drain, head gone, lease)
+    worker_draining      ip, node_id, accepted, timeout: Ray was asked to drain this node
+
 Before reading bootstrap.json, the job dir and each parent must belong to this user or root
 and be writable by no one else (root's sticky dirs such as /tmp excepted), else: error.
 Ports are claimed under a lock in bootstrap.json's lock_dir (a real directory; the site's or
@@ -70,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "role", choices=["head", "worker"], help="head: the batch step; worker: srun tasks"
+        "role",
+        choices=["head", "worker", "workerjob"],
+        help="head: the batch step; worker: srun tasks; workerjob: a worker job's batch step",
     )
     parser.add_argument(
         "job_dir", type=Path, help="the cluster's job dir (bootstrap.json, ray_token, ...)"
@@ -79,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     job_dir = args.job_dir.resolve()
     sys.dont_write_bytecode = True  # no __pycache__ in the job dir (every node imports these)
     from headrun import HeadRun
+    from workerjob import WorkerJobRun
     from workerrun import WorkerRun
 
-    run = HeadRun(job_dir) if args.role == "head" else WorkerRun(job_dir)
-    return run.run()
+    runs = {"head": HeadRun, "worker": WorkerRun, "workerjob": WorkerJobRun}
+    return runs[args.role](job_dir).run()
 
 
 if __name__ == "__main__":

@@ -39,14 +39,35 @@ class Dashboard:
         self.headers = {"X-Ray-Authorization": f"Bearer {token}"}
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def alive_nodes(self) -> list[str] | None:
-        """Alive node IPs, or None while the dashboard does not answer."""
+    def rows(self) -> list[dict[str, Any]] | None:
+        """The state API's node rows, or None while the dashboard does not answer."""
         request = urllib.request.Request(self.url, headers=self.headers)
         try:
             with self.opener.open(request, timeout=HTTP_TIMEOUT) as reply:
-                return alive_slurm_nodes(node_rows(json.loads(reply.read())))
+                return node_rows(json.loads(reply.read()))
         except (OSError, ValueError):
             return None
+
+    def alive_nodes(self) -> list[str] | None:
+        """Alive node IPs, or None while the dashboard does not answer."""
+        rows = self.rows()
+        return None if rows is None else alive_slurm_nodes(rows)
+
+    def alive_node_id(self, ip: str) -> str | None:
+        """The Ray node id of the alive node at ``ip`` (None: not known, or not one node)."""
+        ids = [
+            str(row.get("node_id"))
+            for row in self.rows() or []
+            if row.get("state") == "ALIVE" and row.get("node_ip") == ip and row.get("node_id")
+        ]
+        return ids[0] if len(ids) == 1 else None
+
+    def node_gone(self, node_id: str) -> bool:
+        """The node is no longer ALIVE (a drained raylet exits; `ray start --block` may not)."""
+        rows = self.rows()
+        if rows is None:
+            return False
+        return not any(r.get("node_id") == node_id and r.get("state") == "ALIVE" for r in rows)
 
 
 def port_open(ip: str, port: int) -> bool:

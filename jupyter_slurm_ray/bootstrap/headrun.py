@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from dashapi import Dashboard, port_open
-from jsr_base import BootstrapError, job_id, write_json_atomic
+from jsr_base import BootstrapError, job_id, run_text, write_json_atomic
 from jsr_events import EventTail, LeaseWatch, owner_gone
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
@@ -35,6 +36,7 @@ class HeadRun(NodeRun):
         self.nodes = NodeWatch(0, self.events.emit, self.worker_step.log_lines)
         self.lease = LeaseWatch(job_dir, 0.0)
         self.worker_step_reported = False
+        self.worker_jobs: set[str] = set()  # extra worker jobs that wrote events
 
     def main(self) -> str:
         self.events.phase("bootstrap", job_id=job_id(), pid=os.getpid(), python=sys.executable)
@@ -136,9 +138,28 @@ class HeadRun(NodeRun):
                 continue
             if event.get("ip") and event.get("host"):
                 self.nodes.hosts[str(event["ip"])] = str(event["host"])
+            if event.get("worker_job"):  # an extra worker job: its own business, not a failure
+                self.note_worker_job(event)
+                continue
             if event.get("event") == "error" and not ready:
                 reason = f"the worker on {event.get('host')} failed: {event.get('reason')}"
                 raise BootstrapError(reason, list(event.get("log") or []))
+
+    def note_worker_job(self, event: dict[str, object]) -> None:
+        """Worker jobs seen (cancelled when the head ends); nodes leaving on purpose."""
+        self.worker_jobs.add(str(event["worker_job"]))
+        host = event.get("host")
+        if event.get("event") == "worker_leaving" and isinstance(host, str):
+            self.nodes.leaving.add(host)
+        elif event.get("event") == "worker_joined" and isinstance(host, str):
+            self.nodes.leaving.discard(host)
+
+    def cancel_worker_jobs(self) -> None:
+        """The head ends: so do the worker jobs that joined it (they would leave anyway
+        once head.json is gone; this is sooner)."""
+        scancel = shutil.which("scancel")
+        if self.worker_jobs and scancel:
+            run_text([scancel, *sorted(self.worker_jobs)], timeout=10)
 
     # ----- start
 
@@ -271,5 +292,7 @@ class HeadRun(NodeRun):
         self.worker_step.stop(step_deadline)
         with contextlib.suppress(OSError):
             (self.job_dir / "head.json").unlink()
+        self.read_worker_events(ready=True)
+        self.cancel_worker_jobs()
         self.events.phase("stopped", reason=reason)
         self.events.emit("stopped", reason=reason, exit_code=code, killed=len(self.killed))

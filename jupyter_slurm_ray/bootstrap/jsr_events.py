@@ -30,9 +30,11 @@ class EventLog:
         self.path = path
         self.role = role
         self.host = short_hostname()
+        self.fields: dict[str, Any] = {}  # added to every event (a worker job: its job id)
 
     def emit(self, event: str, **extra: Any) -> None:
-        record = {"t": time.time(), "event": event, "host": self.host, "role": self.role, **extra}
+        record = {"t": time.time(), "event": event, "host": self.host, "role": self.role}
+        record.update(self.fields, **extra)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
         fd = os.open(self.path, flags, 0o600)
         try:

@@ -23,6 +23,7 @@ class NodeWatch:
         self.hosts: dict[str, str] = {}  # ip -> host name
         self.joined: list[str] = []  # alive ips, sorted
         self.lost: set[str] = set()  # host names reported lost and not back
+        self.leaving: set[str] = set()  # hosts of worker jobs leaving on purpose (scaled in)
 
     def host(self, ip: str) -> str:
         return self.hosts.get(ip, ip)
@@ -43,7 +44,8 @@ class NodeWatch:
 
     def check_lost(self, alive: list[str]) -> None:
         """After ready: every host that left and was not reported yet becomes a node_lost."""
-        hosts = [h for h in self.names(sorted(set(self.joined) - set(alive))) if h not in self.lost]
+        left = self.names(sorted(set(self.joined) - set(alive)))
+        hosts = [h for h in left if h not in self.lost and h not in self.leaving]
         self.note(alive)
         if hosts:
             reason = f"{len(hosts)} node(s) left the cluster: {', '.join(hosts)}"

@@ -70,7 +70,7 @@ class WorkerRun(NodeRun):
             temp_dir=str(self.plan.temp_dir),
         )
         if not self.wait_for_gcs(head):
-            return f"signal {self.flags.stop}"
+            return self.stop_reason()
         argv = self.plan.worker_argv(ray, self.config, address)
         process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
         dashboard = Dashboard(head["head_ip"], int(head["dashboard_port"]), self.token())
@@ -80,6 +80,9 @@ class WorkerRun(NodeRun):
         self.events.emit("worker_joined", ip=self.plan.ip, head=address)
         next_check = time.monotonic() + HEAD_CHECK
         while not self.flags.stop:
+            leave = self.leave_reason(process, head)
+            if leave:
+                return leave
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + HEAD_CHECK
                 self.check_head_moved(head)
@@ -89,7 +92,14 @@ class WorkerRun(NodeRun):
                 self.exit_code, self.exit_log = 1, process.tail()
                 return f"`ray start` exited with status {code}"
             time.sleep(TICK)
+        return self.stop_reason()
+
+    def stop_reason(self) -> str:
         return f"signal {self.flags.stop}"
+
+    def leave_reason(self, process: RayProcess | None, head: dict[str, Any]) -> str | None:
+        """Once joined: why this node leaves on its own (a worker job's checks), else None."""
+        return None
 
     def check_head_moved(self, head: dict[str, Any]) -> None:
         """HeadMoved if head.json now names another GCS address (a missing file is no move)."""
@@ -102,6 +112,8 @@ class WorkerRun(NodeRun):
         """Start Ray once the head's GCS listens: each failed join attempt costs ~5 s."""
         ip, port = head["head_ip"], int(head["gcs_port"])
         while not self.flags.stop:
+            if self.leave_reason(None, head):
+                return False
             self.check_head_moved(head)
             if port_open(ip, port):
                 return True

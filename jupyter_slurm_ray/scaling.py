@@ -1,0 +1,291 @@
+"""A cluster's extra worker jobs: submitted to scale out, drained and cancelled to scale in.
+
+``WorkerJobs`` owns them: which exist, what Slurm and their own events say about each, and
+the two moves a policy can make — :meth:`WorkerJobs.submit` (n more one-node jobs) and
+:meth:`WorkerJobs.retire` (n fewer: pending jobs cancelled first, newest first; then running
+ones drained through Ray, and cancelled once they ended or the drain timed out). Manual
+scaling (``SlurmRayCluster.scale``) decides how many; an adaptive policy can call the same two.
+
+A worker job is one node of the head's shape (``jobscript.render_worker_job_script``), tagged
+``jupyter-slurm-ray-worker:<cluster id>``, running ``bootstrap workerjob`` (see its
+``workerjob.py``): it joins the head with its own port block and leaves by itself when the
+head or the owner is gone. Its events go to the cluster's ``events.jsonl`` with ``worker_job``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .errors import SlurmError, SlurmRayError, SpecError
+from .jobdir import JobDir, probe_site
+from .jobscript import render_worker_job_script
+from .slurm import JobInfo, SlurmClient
+from .spec import ClusterSpec
+from .states import WORKER_ENDED, WorkerJobStatus
+from .transport import Transport
+from .watch import Answer, JobWatcher
+
+log = logging.getLogger(__name__)
+
+WORKER_SCRIPT = "workers.sbatch"
+DRAIN_GRACE = 15.0  # after the drain timeout: the bootstrap's own stop, then scancel
+
+FORGOTTEN_AFTER = 3  # answers in a row without the job: Slurm forgot it (it ended)
+Callback = Callable[[Answer], Awaitable[None]]
+
+
+def checked_node_count(nodes: object, minimum: int) -> int:
+    """``nodes`` as a total node count of at least ``minimum``; SpecError naming ``nodes``."""
+    allowed = f"a whole number of nodes, at least {minimum} (the head's allocation)"
+    if isinstance(nodes, bool) or not isinstance(nodes, int):
+        if isinstance(nodes, str) and nodes.strip().isdigit():
+            nodes = int(nodes.strip())
+        else:
+            raise SpecError("nodes", nodes, allowed)
+    if nodes < minimum:
+        raise SpecError("nodes", nodes, allowed)
+    return nodes
+
+
+@dataclass
+class WorkerJob:
+    """One worker job as this process knows it (kept in the cluster's record)."""
+
+    job_id: str
+    state: str = "PENDING"  # Slurm's word, "ENDED" once Slurm forgot it
+    reason: str | None = None  # Slurm's pending reason, or why it ended
+    host: str | None = None
+    joined: bool = False
+    leaving: bool = False  # asked to drain, or leaving by itself
+    submitted_at: float = 0.0
+
+    @property
+    def ended(self) -> bool:
+        return self.state in WORKER_ENDED
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+    def view(self) -> WorkerJobStatus:
+        return WorkerJobStatus(self.job_id, self.state, self.reason, self.host, self.joined)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkerJob | None:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        job_id = values.get("job_id")
+        if not isinstance(job_id, str) or not job_id.isdigit():
+            return None
+        return cls(**values)
+
+
+class WorkerJobs:
+    """The worker jobs of one cluster, and the moves that change them."""
+
+    def __init__(
+        self, transport: Transport, slurm: SlurmClient, cluster_id: str, spec: ClusterSpec
+    ) -> None:
+        self.transport = transport
+        self.slurm = slurm
+        self.cluster_id = cluster_id
+        self.spec = spec
+        self.jobs: dict[str, WorkerJob] = {}
+        self.script_path: str | None = None
+        self._callbacks: dict[str, Callback] = {}  # job id -> its watcher subscription
+        self._misses: dict[str, int] = {}  # answers in a row in which Slurm did not know it
+        self._lock = asyncio.Lock()  # one scaling move at a time
+
+    # -- what is known --------------------------------------------------------------------
+    def active(self) -> list[WorkerJob]:
+        """Jobs that count toward the wanted nodes: not ended, not leaving."""
+        return [job for job in self.jobs.values() if not job.ended and not job.leaving]
+
+    def live_ids(self) -> list[str]:
+        """Jobs Slurm may still run (to watch, or to cancel)."""
+        return [job.job_id for job in self.jobs.values() if not job.ended]
+
+    @property
+    def wanted(self) -> int:
+        return len(self.active())
+
+    def views(self) -> tuple[WorkerJobStatus, ...]:
+        return tuple(job.view() for job in self.jobs.values() if not job.ended)
+
+    def to_record(self) -> list[dict[str, Any]]:
+        return [asdict(job) for job in self.jobs.values()]
+
+    def load_record(self, items: Iterable[Any]) -> None:
+        for item in items:
+            job = WorkerJob.from_dict(item) if isinstance(item, Mapping) else None
+            if job is not None:
+                self.jobs[job.job_id] = job
+
+    def note_answer(self, job_id: str, info: JobInfo | None) -> bool:
+        """Slurm's answer about one job (None: Slurm does not know it); True if it changed."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return False
+        before = asdict(job)
+        if info is None:
+            job.state, job.reason = "ENDED", job.reason or "Slurm no longer knows the job"
+        else:
+            job.state = info.state
+            job.reason = info.reason if info.is_pending or info.is_final else None
+            job.host = info.nodes[0] if info.nodes else job.host
+        return asdict(job) != before
+
+    def note_events(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """The worker jobs' own events (those with ``worker_job``)."""
+        for event in events:
+            job = self.jobs.get(str(event.get("worker_job")))
+            if job is None:
+                continue
+            kind = event.get("event")
+            if isinstance(event.get("host"), str):
+                job.host = event["host"]
+            if kind == "worker_joined":
+                job.joined = True
+            elif kind in ("worker_leaving", "head_gone", "owner_gone", "lease_stale"):
+                job.leaving = True
+            elif kind in ("worker_stopped", "error"):
+                job.joined = False
+                job.leaving = True
+                if kind == "error":
+                    job.reason = str(event.get("reason") or "the worker job failed")
+
+    # -- following them: the cluster's watcher, in the same squeue as the head ----------------
+    def follow(self, watcher: JobWatcher, on_change: Callable[[], None], pace: float) -> None:
+        """Subscribe every live worker job not yet followed to ``watcher``."""
+        for job_id in self.live_ids():
+            if job_id not in self._callbacks:
+                callback = self._callback(job_id, watcher, on_change)
+                self._callbacks[job_id] = callback
+                watcher.watch(job_id, callback, pace=pace, tick=pace)
+
+    def unfollow(self, watcher: JobWatcher) -> None:
+        for job_id, callback in list(self._callbacks.items()):
+            watcher.unwatch(job_id, callback)
+        self._callbacks.clear()
+
+    def _callback(
+        self, job_id: str, watcher: JobWatcher, on_change: Callable[[], None]
+    ) -> Callback:
+        async def on_answer(answer: Answer) -> None:
+            if not (answer.fresh and answer.answered):
+                return
+            misses = 0 if answer.job is not None else self._misses.get(job_id, 0) + 1
+            self._misses[job_id] = misses
+            if answer.job is None and misses < FORGOTTEN_AFTER:
+                return
+            if self.note_answer(job_id, answer.job):
+                on_change()
+            if self.jobs[job_id].ended:
+                watcher.unwatch(job_id, self._callbacks.pop(job_id, on_answer))
+
+        return on_answer
+
+    # -- the moves --------------------------------------------------------------------------
+    async def submit(self, count: int, job_dir: str) -> list[str]:
+        """``count`` more one-node worker jobs; their ids (those submitted before a failure
+        are kept, and the error says how many)."""
+        script = await self._script(job_dir)
+        submitted: list[str] = []
+        for _ in range(count):
+            try:
+                job_id = await self.slurm.submit(script)
+            except SlurmRayError as exc:
+                raise SlurmError(
+                    f"submitted {len(submitted)} of {count} worker jobs; Slurm refused the "
+                    f"next: {exc}"
+                ) from None
+            self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time())
+            submitted.append(job_id)
+        return submitted
+
+    async def _script(self, job_dir: str) -> str:
+        """The worker jobs' script in the job dir (written once; the same for every job)."""
+        if self.script_path is not None:
+            return self.script_path
+        directory = JobDir(self.transport, job_dir)
+        site = await probe_site(self.transport, self.spec.job_dir_root)
+        command = directory.bootstrap_command(self.spec.python)
+        command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
+        text = render_worker_job_script(
+            self.spec,
+            cluster_id=self.cluster_id,
+            job_dir=directory.path,
+            command=command,
+            exported=site.exported,
+        )
+        path = directory.file(WORKER_SCRIPT)
+        await self.transport.write_file(path, text, 0o600)
+        self.script_path = path
+        return path
+
+    async def scale_to(
+        self, workers: int, job_dir: str, *, drain_timeout: float, poll: Callable[[], None]
+    ) -> tuple[list[str], list[str]]:
+        """As many active worker jobs as ``workers``: (submitted ids, retired ids)."""
+        async with self._lock:
+            change = workers - self.wanted
+            if change > 0:
+                return await self.submit(change, job_dir), []
+            if change < 0:
+                retired = await self.retire(
+                    -change, job_dir, drain_timeout=drain_timeout, poll=poll
+                )
+                return [], retired
+            return [], []
+
+    def to_retire(self, count: int) -> list[WorkerJob]:
+        """Which jobs go first: pending ones (newest first), then running ones (newest first)."""
+        newest = sorted(self.active(), key=lambda job: job.submitted_at, reverse=True)
+        return ([j for j in newest if j.pending] + [j for j in newest if not j.pending])[:count]
+
+    async def retire(
+        self, count: int, job_dir: str, *, drain_timeout: float, poll: Callable[[], None]
+    ) -> list[str]:
+        """``count`` fewer worker jobs: pending ones cancelled at once; running ones drained
+        (the drain file read by their bootstrap), then cancelled once ended or timed out."""
+        chosen = self.to_retire(count)
+        for job in chosen:
+            job.leaving = True
+        pending = [job for job in chosen if job.pending]
+        running = [job for job in chosen if not job.pending]
+        for job in pending:
+            await self._cancel(job)
+        directory = JobDir(self.transport, job_dir)
+        for job in running:
+            await self.transport.write_file(
+                directory.file(f"drain-{job.job_id}"), f"{drain_timeout:g}\n", 0o600
+            )
+        deadline = time.monotonic() + drain_timeout + DRAIN_GRACE
+        while any(not job.ended for job in running) and time.monotonic() < deadline:
+            poll()
+            await asyncio.sleep(0.5)
+        for job in running:
+            if not job.ended:
+                await self._cancel(job)
+        return [job.job_id for job in chosen]
+
+    async def cancel_all(self) -> None:
+        """Every worker job Slurm may still run is cancelled (the head ended, or down)."""
+        for job in list(self.jobs.values()):
+            if not job.ended:
+                job.leaving = True
+                await self._cancel(job)
+
+    async def _cancel(self, job: WorkerJob) -> None:
+        try:
+            await self.slurm.cancel(job.job_id)
+        except SlurmRayError as exc:
+            log.warning("could not cancel worker job %s: %s", job.job_id, exc)
+            return
+        if job.pending:  # it never ran: Slurm's CANCELLED is all that can follow
+            job.state, job.reason = "CANCELLED", "cancelled while pending"
