@@ -1,5 +1,5 @@
-"""``jupyter slurm-ray list | down | logs | extend | forget | gc | doctor``: the clusters, and
-whether they can work here, from a terminal."""
+"""``jupyter slurm-ray list | down | logs | extend | scale | forget | gc | doctor``: the
+clusters, and whether they can work here, from a terminal."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import commands
-from .commands import NAME_HELP, add_arguments
+from .commands import NAME_HELP, add_arguments, add_scale_arguments
 from .config import SlurmRay
 from .errors import SlurmRayError
 from .inventory import Orphan
@@ -39,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
         "operators to raise a time limit; Slurm's refusal is shown with what to do.",
     )
     add_arguments("extend", extend, NAME_HELP)
+    scale = sub.add_parser(
+        "scale",
+        help="scale a cluster to N Ray nodes in all: scale N NAME",
+        description="The cluster's owner (the kernel or server that started or attached it) "
+        "submits one-node worker jobs, or drains running ones through Ray and cancels them "
+        "(pending ones first); this command asks the owner to.",
+    )
+    add_scale_arguments(scale, NAME_HELP)
     gc = sub.add_parser(
         "gc",
         help="cancel our jobs (by their comment tag) that no live record owns",
@@ -104,6 +112,13 @@ def _extend(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     return 0
 
 
+def _scale(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    if not args.name:
+        raise SlurmRayError("give the node count and a cluster NAME, e.g. scale 3 ray")
+    print("\n".join(commands.scale(session, args.name, args.nodes)))
+    return 0
+
+
 def _forget(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     print("\n".join(commands.forget(session, args.name, ended=args.ended)))
     return 0
@@ -140,6 +155,7 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "down": _down,
     "logs": _logs,
     "extend": _extend,
+    "scale": _scale,
     "gc": _gc,
     "forget": _forget,
     "doctor": _doctor,

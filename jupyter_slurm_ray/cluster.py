@@ -38,7 +38,7 @@ from .jobdir import JobDir
 from .lease import Lease
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
-from .scaling import WorkerJobs, checked_node_count
+from .scaling import WorkerJobs, checked_node_count, request_scale, requested_nodes
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until
@@ -96,7 +96,9 @@ class SlurmRayCluster:
         self._changed: asyncio.Event | None = None
         self._client = ClientSide(self.transport, self.registry, self.id, self._save_record)
         self.workers = WorkerJobs(self.transport, self.slurm, self.id, spec)
-        self._worker_events_seen = 0
+        self._events_seen = 0  # events looked at for worker jobs and scale requests
+        self._owning_since = float("inf")  # scale requests made after this are applied
+        self._requests: set[asyncio.Future[None]] = set()  # scale requests being applied
         self._stopping = False
         self._detached = False
         self._recorded = False  # written once: later writes never re-create a forgotten record
@@ -391,13 +393,7 @@ class SlurmRayCluster:
         Slurm starts them). In: pending worker jobs are cancelled first, then running ones are
         drained through Ray (up to ``drain_timeout`` s) and cancelled; returns once they ended.
         SpecError (field ``nodes``) for anything but a whole number ≥ ``spec.nodes``."""
-        wanted = checked_node_count(nodes, self.spec.nodes)
-        if self._status.state.is_final or not (
-            self._status.state.is_up or self._follower.events.head_ready
-        ):
-            raise SlurmRayError(
-                f"cluster {self.spec.name} is {self._status.describe()}: scale it once it is up"
-            )
+        wanted = self._checked_scale(nodes)
         watcher = watcher_for(self.transport)
         await self.workers.scale_to(
             wanted - self.spec.nodes,
@@ -411,16 +407,57 @@ class SlurmRayCluster:
 
     scale = blocking(scale_async)
 
-    def _note_worker_events(self) -> None:
-        events = self._follower.events.worker_events
-        if len(events) > self._worker_events_seen:
-            self.workers.note_events(events[self._worker_events_seen :])
-            self._worker_events_seen = len(events)
+    @property
+    def owned_here(self) -> bool:
+        """This process owns the cluster (started or attached it): it can scale it."""
+        return self in _owned
+
+    async def request_scale_async(self, nodes: int) -> None:
+        """From a process that does not own the cluster (the CLI, another kernel, the server):
+        ask its owner to scale to ``nodes`` (see ``scaling.request_scale``); checked first."""
+        wanted = self._checked_scale(nodes)
+        record = self.registry.load(self.id)
+        if record is not None and record.owner_gone:
+            raise SlurmRayError(
+                f"the owner of {self.spec.name} (pid {record.owner_pid} on {record.owner_host}) "
+                "is gone: attach the cluster, then scale it"
+            )
+        await request_scale(self.transport, self._job_dir().path, wanted)
+
+    request_scale = blocking(request_scale_async)
+
+    def _checked_scale(self, nodes: object) -> int:
+        wanted = checked_node_count(nodes, self.spec.nodes)
+        state = self._status.state
+        if state.is_final or not (state.is_up or self._follower.events.head_ready):
+            raise SlurmRayError(
+                f"cluster {self.spec.name} is {self._status.describe()}: scale it once it is up"
+            )
+        return wanted
+
+    def _note_new_events(self) -> None:
+        """The worker jobs' events, and scale requests from other processes (applied)."""
+        events = self._follower.events.events[self._events_seen :]
+        self._events_seen += len(events)
+        self.workers.note_events(e for e in events if e.get("worker_job"))
+        for event in events:
+            nodes = requested_nodes(event, self._owning_since)
+            if nodes is not None:
+                task = asyncio.ensure_future(self._apply_scale_request(nodes))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+
+    async def _apply_scale_request(self, nodes: int) -> None:
+        try:
+            await self.scale_async(nodes)
+        except SlurmRayError as exc:
+            log.warning("%s: a scale request to %s nodes failed: %s", self.spec.name, nodes, exc)
 
     # -- following the job ----------------------------------------------------------------
     def _own(self, job_id: str) -> None:
         """Watch the job and keep its lease from now on (until it ends)."""
         _owned.add(self)
+        self._owning_since = min(self._owning_since, time.time())
         watcher = watcher_for(self.transport, self.poll_interval, self.registry.path)
         watcher.watch(job_id, self._on_answer, pace=self._pace(), tick=self.poll_interval)
         self.workers.follow(watcher, self._update_state, self.poll_interval)
@@ -451,7 +488,7 @@ class SlurmRayCluster:
     async def _on_answer(self, answer: Answer) -> None:
         """One poll's news: Slurm's answer (or silence) plus the job's new events."""
         log_tail = await self._follower.observe(answer, self._job_dir(), self.slurm)
-        self._note_worker_events()
+        self._note_new_events()
         if self._follower.news_for_slurm and not answer.fresh:  # the job's events say so
             watcher_for(self.transport).poll_soon()
         if self._follower.events.ready and self.connection is None:

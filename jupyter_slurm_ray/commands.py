@@ -14,15 +14,27 @@ from .doctor import Report, run_doctor
 from .errors import SlurmRayError
 from .formatting import extension_line, status_line
 from .inventory import Entry, Orphan, find_orphans, format_table
+from .scaling import checked_node_count
 from .session import Session
 from .slurm import SlurmClient
 from .walltime import parse_extension
 
-__all__ = ["add_arguments", "doctor", "down", "extend", "forget", "gc", "list_table", "logs"]
+__all__ = [
+    "add_arguments",
+    "doctor",
+    "down",
+    "extend",
+    "forget",
+    "gc",
+    "list_table",
+    "logs",
+    "scale",
+]
 
 Confirm = Callable[[Orphan], bool]
 
 NAME_HELP = "a cluster name, id or Slurm job id"
+NODES_HELP = "Ray nodes in all: the head's allocation plus one-node worker jobs"
 AMOUNT_HELP = "walltime to add: +30 (minutes) or a Slurm duration like +1:00:00"
 
 
@@ -38,6 +50,12 @@ def add_arguments(command: str, parser: argparse.ArgumentParser, name_help: str)
         parser.add_argument("--ended", action="store_true", help="every ended cluster")
     elif command == "extend":
         parser.add_argument("amount", metavar="AMOUNT", help=AMOUNT_HELP)
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
+    """``scale N [NAME]``, in the magic and the CLI (N checked by the cluster, one line)."""
+    parser.add_argument("nodes", metavar="N", help=NODES_HELP)
+    parser.add_argument("name", nargs="?", help=name_help)
 
 
 def list_table(session: Session) -> str:
@@ -64,6 +82,20 @@ def down(session: Session, name: str | None, *, everything: bool = False) -> lis
         cluster.down()
         lines.append(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
     return lines
+
+
+def scale(session: Session, name: str | None, nodes: str | int) -> list[str]:
+    """Scale the cluster ``name`` (None: this kernel's current one) to ``nodes`` Ray nodes in
+    all. Its owner scales it; any other process asks the owner (a ``scale_request`` event)."""
+    count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
+    cluster = session.find(name)
+    if cluster.owned_here:
+        status = cluster.scale(count)
+        pending = status.worker_jobs_pending
+        waiting = f"; {len(pending)} worker job(s) pending" if pending else ""
+        return [f"{cluster.spec.name}: {status.nodes_joined}/{status.nodes_wanted} nodes{waiting}"]
+    cluster.request_scale(count)
+    return [f"{cluster.spec.name}: scaling to {count} nodes asked of its owner (it applies it)"]
 
 
 def extend(session: Session, name: str | None, amount: str) -> list[str]:

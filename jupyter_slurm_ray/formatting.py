@@ -16,6 +16,7 @@ __all__ = [
     "extension_line",
     "format_bytes",
     "format_duration",
+    "scaling_text",
     "status_line",
     "usage_summary",
     "walltime_left",
@@ -76,6 +77,9 @@ def status_line(
         parts.append(f"({status.reason})")
     if status.job_id:
         parts.append(f"job {status.job_id}")
+    scaling = scaling_text(status)
+    if scaling:
+        parts.append(scaling)
     if queue is not None and queue.hint and status.state is State.PENDING:
         parts.append(queue.hint)
     if status.state is State.PENDING and status.estimated_start:
@@ -94,6 +98,20 @@ def status_line(
     elif status.notice and not status.state.is_final:
         parts.append(status.notice)
     return " · ".join(parts)
+
+
+def scaling_text(status: Status) -> str | None:
+    """A scaled cluster's nodes: ``3/4 nodes alive, worker jobs: 2 running, 1 pending
+    (Resources)``; None for a cluster without worker jobs."""
+    jobs = status.worker_jobs
+    if not jobs or status.state.is_final:
+        return None
+    pending = status.worker_jobs_pending
+    reasons = sorted({job.reason or "no reason yet" for job in pending})
+    waiting = f", {len(pending)} pending ({', '.join(reasons)})" if pending else ""
+    running = len(jobs) - len(pending)
+    alive = f"{status.nodes_joined}/{status.nodes_wanted} nodes alive"
+    return f"{alive}, worker jobs: {running} running{waiting}"
 
 
 def usage_summary(usage: Usage) -> str:

@@ -12,7 +12,7 @@ import dataclasses
 import shlex
 from typing import Any, NoReturn
 
-from .commands import NAME_HELP, add_arguments
+from .commands import NAME_HELP, add_arguments, add_scale_arguments
 from .errors import ArgumentError, HelpRequested
 from .spec import ClusterSpec
 
@@ -144,6 +144,13 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
     extend = add("extend", "Add walltime to a cluster's job (scontrol update TimeLimit=+N).")
     add_arguments("extend", extend, _NAME_HELP)
+
+    scale = add(
+        "scale",
+        "Scale a cluster to N Ray nodes in all: one-node worker jobs are submitted, or drained "
+        "through Ray and cancelled (pending ones first).",
+    )
+    add_scale_arguments(scale, _NAME_HELP)
 
     forget = add("forget", "Delete the record of an ended cluster (its job dir stays).")
     add_arguments("forget", forget, NAME_HELP)

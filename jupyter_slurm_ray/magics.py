@@ -55,7 +55,7 @@ _SESSION_SETTINGS = (
 
 @magics_class
 class SlurmRayMagics(Magics):
-    """``%slurm_ray COMMAND …``: up, down, status, list, logs, extend, attach, connect,
+    """``%slurm_ray COMMAND …``: up, down, status, list, logs, extend, scale, attach, connect,
     disconnect, forget, script, dashboard, config, panel, doctor. ``%slurm_ray --help`` lists
     them."""
 
@@ -181,6 +181,9 @@ class SlurmRayMagics(Magics):
 
     def _extend(self, args: argparse.Namespace, cell: str | None) -> None:
         print("\n".join(commands.extend(self.session, args.name, args.amount)))
+
+    def _scale(self, args: argparse.Namespace, cell: str | None) -> None:
+        print("\n".join(commands.scale(self.session, args.name, args.nodes)))
 
     def _forget(self, args: argparse.Namespace, cell: str | None) -> None:
         print("\n".join(commands.forget(self.session, args.name, ended=args.ended)))

@@ -97,7 +97,7 @@ def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
         yield "walltime", walltime
     yield (
         "nodes",
-        f"{status.nodes_joined}/{spec.nodes} joined"
+        f"{status.nodes_joined}/{status.nodes_wanted} joined"
         + (f" ({', '.join(status.nodes)})" if status.nodes else ""),
     )
     request = [f"{spec.nodes} × {spec.cpus_per_node or 'default'} CPU"]

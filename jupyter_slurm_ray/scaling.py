@@ -15,14 +15,17 @@ head or the owner is gone. Its events go to the cluster's ``events.jsonl`` with 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import SlurmError, SlurmRayError, SpecError
-from .jobdir import JobDir, probe_site
+from .jobdir import EVENTS, JobDir, probe_site
 from .jobscript import render_worker_job_script
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
@@ -33,6 +36,9 @@ from .watch import Answer, JobWatcher
 log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = "workers.sbatch"
+SCALE_REQUEST = "scale_request"  # the event another process appends to ask the owner to scale
+# Constant program (``sh -c APPEND sh LINE FILE``): one line appended to the events file.
+_APPEND = 'printf "%s\\n" "$1" >> "$2"'
 DRAIN_GRACE = 15.0  # after the drain timeout: the bootstrap's own stop, then scancel
 
 FORGOTTEN_AFTER = 3  # answers in a row without the job: Slurm forgot it (it ended)
@@ -41,7 +47,9 @@ Callback = Callable[[Answer], Awaitable[None]]
 
 def checked_node_count(nodes: object, minimum: int) -> int:
     """``nodes`` as a total node count of at least ``minimum``; SpecError naming ``nodes``."""
-    allowed = f"a whole number of nodes, at least {minimum} (the head's allocation)"
+    allowed = f"a whole number of Ray nodes in all, at least {minimum}" + (
+        " (the head's allocation)" if minimum else ""
+    )
     if isinstance(nodes, bool) or not isinstance(nodes, int):
         if isinstance(nodes, str) and nodes.strip().isdigit():
             nodes = int(nodes.strip())
@@ -50,6 +58,29 @@ def checked_node_count(nodes: object, minimum: int) -> int:
     if nodes < minimum:
         raise SpecError("nodes", nodes, allowed)
     return nodes
+
+
+async def request_scale(transport: Transport, job_dir: str, nodes: int) -> None:
+    """Ask the cluster's owner to scale to ``nodes``: a ``scale_request`` event appended to
+    its ``events.jsonl``, which the owner reads every tick anyway (no new file, no new poll)."""
+    event = {
+        "t": time.time(),
+        "event": SCALE_REQUEST,
+        "role": "client",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "nodes": nodes,
+    }
+    line = json.dumps(event)
+    await transport.run(["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"])
+
+
+def requested_nodes(event: Mapping[str, Any], since: float) -> int | None:
+    """The node count of a scale request made after ``since`` (this owner's start), else None."""
+    nodes, t = event.get("nodes"), event.get("t")
+    if event.get("event") != SCALE_REQUEST or not isinstance(t, int | float) or t < since:
+        return None
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
 
 
 @dataclass

@@ -188,14 +188,11 @@ class EventSummary:
     stopped: bool = False
     nodes_lost: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
-    # the extra worker jobs' own events (``worker_job``): theirs, not the cluster's state
-    worker_events: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for ev in events:
             self.events.append(ev)
-            if ev.get("worker_job"):
-                self.worker_events.append(ev)
+            if ev.get("worker_job"):  # an extra worker job's own: not the cluster's state
                 continue
             kind = ev.get("event")
             if kind == "phase":

@@ -3,6 +3,8 @@
 - ``GET clusters[?usage=true]``, ``POST clusters``; ``GET|DELETE clusters/<id>``;
 - ``POST clusters/<id>/extend`` ``{"amount": "+30"}``: 200 with the new time left, 403 with
   Slurm's words when the site refuses;
+- ``POST clusters/<id>/scale`` ``{"nodes": N}``: N Ray nodes in all (worker jobs); 200 when
+  this server owns the cluster, 202 when its owner was asked; 400 naming ``nodes`` when N is bad;
 - ``GET doctor[?profile=NAME]``: the checklist of ``doctor.py`` (JSON).
 
 Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
@@ -158,6 +160,22 @@ class ExtendHandler(_ClustersHandler):
         self.finish(json.dumps(self._with_links(view)))
 
 
+class ScaleHandler(_ClustersHandler):
+    """``POST {"nodes": N}``: scale to N Ray nodes in all; 200 when this server owns the
+    cluster (done), 202 when its owner was asked (``"applied": false``)."""
+
+    @web.authenticated
+    async def post(self, cluster_id: str) -> None:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+        with _as_http_errors():
+            view, applied = await self.manager.scale(cluster_id, body)
+        self.set_status(200 if applied else 202)
+        self.finish(json.dumps({**self._with_links(view), "applied": applied}))
+
+
 class DoctorHandler(_ClustersHandler):
     """``GET doctor[?profile=NAME&queue_timeout=S]``: the checklist (``Report.to_dict``) for
     the request a profile (or the configuration) means, with one short test job."""
@@ -187,5 +205,6 @@ def route_specs(
         (checklist, DoctorHandler, {**kwargs, "doctor": doctor}),
         (prefix, ClusterListHandler, kwargs),
         (prefix + r"/([^/]+)/extend", ExtendHandler, kwargs),
+        (prefix + r"/([^/]+)/scale", ScaleHandler, kwargs),
         (prefix + r"/([^/]+)", ClusterHandler, kwargs),
     ]

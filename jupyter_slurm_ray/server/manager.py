@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from ..cluster import SlurmRayCluster
@@ -27,10 +27,11 @@ from ..jobdir import EVENTS, JobDir, parse_events
 from ..naming import is_cluster_id
 from ..queueinfo import queue_insight
 from ..registry import ClusterRecord, Registry
+from ..scaling import checked_node_count
 from ..sitecheck import check_with_slurm
 from ..slurm import SlurmClient
 from ..spec import ClusterSpec
-from ..states import Status
+from ..states import Status, status_of_record
 from ..targets import Transports
 from ..transport import Transport
 from ..usage import Usage, fetch_usages
@@ -190,6 +191,27 @@ class ClusterManager:
         view["extended_by_minutes"] = extension.minutes
         return view
 
+    async def scale(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Scale an active cluster to ``{"nodes": N}`` Ray nodes in all: (its view, applied).
+        A cluster this server owns is scaled here (scaling in returns once drained); any
+        other is asked of its owner (a ``scale_request`` event; applied False)."""
+        nodes = body.get("nodes") if isinstance(body, Mapping) else None
+        count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
+        entry = await self._entry(cluster_id)
+        record = entry.record
+        if record is None or not entry.active or not record.job_id:
+            raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be scaled")
+        cluster = self._owned.get(cluster_id)
+        if cluster is not None:
+            await cluster.scale_async(count)
+        else:
+            transport = self.transports.for_target(record.target)
+            other = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+            await other.request_scale_async(count)
+        log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if cluster else "asked")
+        self.inventory.expire()
+        return self.view(await self._entry(cluster_id)), cluster is not None
+
     def owns(self, cluster_id: str) -> bool:
         return cluster_id in self._owned
 
@@ -312,6 +334,7 @@ class ClusterManager:
             "nodes_wanted": record.nodes_wanted,
             "nodes_joined": status.nodes_joined,
             "nodes_lost": list(status.nodes_lost),
+            "worker_jobs": _worker_jobs(record),
             "gpus_per_node": record.gpus_per_node,
             "time_limit": status.time_limit,
             "time_left": status.time_left,
@@ -335,6 +358,11 @@ class ClusterManager:
             "attach_command": f"%slurm_ray attach {record.name}",
             **_walltime_and_queue(record, status),
         }
+
+
+def _worker_jobs(record: ClusterRecord) -> list[dict[str, Any]]:
+    """The worker jobs (scaling) Slurm may still run: job id, Slurm's state and reason, node."""
+    return [asdict(job) for job in status_of_record(record).worker_jobs]
 
 
 def _walltime_and_queue(record: ClusterRecord, status: Status) -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""Scaling from the magic, the CLI and the REST API (issue 9), on a scripted Slurm: bad input is
+one line naming ``nodes``; a process that does not own the cluster asks its owner, which
+applies the request; the status line shows alive / wanted / pending worker jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_slurm_ray.cli import main
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.formatting import status_line
+from jupyter_slurm_ray.naming import job_comment
+from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.states import State, Status, WorkerJobStatus
+
+from ..helpers.fakeslurm import FakeJob
+from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
+from ..helpers.ipyshell import one_line_error
+from ..helpers.waiting import until
+from .conftest import emit, write_connection
+
+
+def owned_elsewhere(registry: Registry, slurm, jobs_root: Path, name: str = "grow") -> str:
+    """A READY cluster's record and job dir, owned by another live process (this one's pid,
+    but no cluster object here owns it)."""
+    cluster_id = f"{name}-0123abcd"
+    job_dir = jobs_root / cluster_id
+    job_dir.mkdir(mode=0o700)
+    (job_dir / "events.jsonl").write_text("")
+    slurm.jobs["7"] = FakeJob("7", "", comment=job_comment(cluster_id), state="RUNNING")
+    spec = ClusterSpec(name=name, time="10").to_dict()
+    registry.save(
+        ClusterRecord(
+            id=cluster_id, name=name, target="fake", job_dir=str(job_dir), job_id="7",
+            state="READY", nodes_joined=1, spec=spec,
+        )
+    )  # fmt: skip
+    return cluster_id
+
+
+def requests_in(job_dir: Path) -> list[dict]:
+    lines = (job_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("event") == "scale_request"]
+
+
+@pytest.mark.parametrize("bad", ["-1", "1.5", "three"])
+def test_the_magic_scale_refuses_a_bad_count_in_one_line(magic, slurm, bad):
+    _, err, error = magic.run(f"%slurm_ray scale {bad} somewhere")
+    assert one_line_error(err).startswith(f"UsageError: nodes: '{bad}' is not allowed;")
+    assert error is not None and slurm.calls == []
+
+
+@pytest.mark.usefixtures("root_logging_kept")
+def test_the_cli_scale_checks_its_arguments(site, slurm, capsys):
+    assert main(["scale", "-2", "ray"]) == 1
+    assert capsys.readouterr().err.startswith("jupyter slurm-ray: error: nodes: '-2'")
+    assert main(["scale", "3"]) == 1
+    assert "give the node count and a cluster NAME" in capsys.readouterr().err
+    assert slurm.calls == []
+
+
+@pytest.mark.usefixtures("root_logging_kept")
+def test_the_cli_asks_the_owner_to_scale(site, slurm, jobs_root, capsys):
+    cluster_id = owned_elsewhere(Registry(), slurm, jobs_root)
+    assert main(["scale", "3", "grow"]) == 0
+    assert "scaling to 3 nodes asked of its owner" in capsys.readouterr().out
+    (request,) = requests_in(jobs_root / cluster_id)
+    assert request["nodes"] == 3 and request["role"] == "client"
+    assert [call for call in slurm.calls if call[0] == "sbatch"] == []  # the owner submits
+
+
+async def test_the_owner_applies_requests_made_after_it_took_the_cluster(
+    make_cluster, slurm, transport
+):
+    cluster = make_cluster()
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    emit(cluster, {"t": 0, "event": "scale_request", "role": "client", "nodes": 4})  # stale
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 5, "READY")
+    assert cluster.workers.jobs == {}  # a request older than this owner is not applied
+    record = cluster.registry.load(cluster.id)
+    other = SlurmRayCluster.from_record(record, transport, registry=cluster.registry)
+    assert not other.owned_here and cluster.owned_here
+    await other.request_scale_async(3)
+    await until(lambda: len(cluster.workers.jobs) == 2, 5, "two worker jobs submitted")
+    assert cluster.status.nodes_wanted == 3
+
+
+async def _post(jp_fetch, cluster_id: str, body) -> tuple[int, dict]:
+    response = await jp_fetch(
+        "slurm-ray", "api", "clusters", cluster_id, "scale", method="POST",
+        body=json.dumps(body), raise_error=False,
+    )  # fmt: skip
+    return response.code, json.loads(response.body)
+
+
+async def test_rest_scale_asks_the_owner_and_refuses_bad_counts(
+    jp_fetch, server_manager, slurm, site, jobs_root
+):
+    cluster_id = owned_elsewhere(Registry(site["JUPYTER_SLURM_RAY_STATE_DIR"]), slurm, jobs_root)
+    for bad in ({"nodes": -1}, {"nodes": "many"}, {"nodes": 2.5}, {}):
+        code, answer = await _post(jp_fetch, cluster_id, bad)
+        assert (code, answer["field"]) == (400, "nodes")
+    assert requests_in(jobs_root / cluster_id) == []
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
+    assert code == 202 and answer["applied"] is False and answer["worker_jobs"] == []
+    assert [r["nodes"] for r in requests_in(jobs_root / cluster_id)] == [2]
+    slurm.end("7")
+    server_manager.inventory.expire()  # the listing is kept 3 s
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
+    assert code == 409 and "only an active cluster can be scaled" in answer["message"]
+
+
+def test_the_status_line_shows_alive_wanted_and_pending_worker_jobs():
+    status = Status(
+        State.READY,
+        job_id="7",
+        nodes_joined=2,
+        nodes_wanted=4,
+        worker_jobs=(
+            WorkerJobStatus("8", "RUNNING", None, "node2", True),
+            WorkerJobStatus("9", "PENDING", "Resources"),
+            WorkerJobStatus("10", "PENDING", "Priority"),
+        ),
+    )
+    line = status_line(status, now=time.time())
+    assert "2/4 nodes alive, worker jobs: 1 running, 2 pending (Priority, Resources)" in line
+    assert "worker jobs" not in status_line(Status(State.READY, job_id="7"))
