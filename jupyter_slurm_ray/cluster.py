@@ -36,6 +36,7 @@ from .errors import (
 from .follow import JobFollower
 from .jobdir import JobDir
 from .lease import Lease
+from .localjobs import scheduler_for
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
 from .scaling import WorkerJobs, checked_node_count, request_scale, requested_nodes
@@ -82,7 +83,9 @@ class SlurmRayCluster:
     ) -> None:
         self.spec = spec
         self.transport = transport or LocalTransport()
-        self.slurm = SlurmClient(self.transport)
+        if spec.mode == "local":  # processes of this machine instead of a Slurm job
+            self.transport = self.transport.for_local_mode()
+        self.slurm: SlurmClient = scheduler_for(self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
+from .localjobs import scheduler_for
 from .naming import job_comment
 from .queuecache import SharedQueue
 from .registry import ClusterRecord, Registry, Unreadable
@@ -211,7 +212,8 @@ class Inventory:
         for target, job_ids in by_target.items():
             self.slurm_queries += 1
             try:
-                slurm = SlurmClient(self.transports.for_target(target), shared=self._queue(target))
+                transport = self.transports.for_target(target)
+                slurm = scheduler_for(transport, shared=self._queue(target))
                 snapshot.jobs.update(await slurm.query(job_ids, max_age=max_age))
                 self._silent_since.pop(target, None)
             except (SlurmUnavailable, UnknownTarget) as exc:

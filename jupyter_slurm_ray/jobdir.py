@@ -116,6 +116,8 @@ class JobDir:
         run = [self.file("bootstrap"), "head", self.path]
         if python is not None:
             return [python, *run]
+        if self.transport.local_mode:  # this machine runs it: no node needs to share it
+            return [*kernel_python_argv(KernelEnvironment.of_this_process()), *run]
         if not isinstance(self.transport, LocalTransport):
             return ["python3", *run]
         return [*kernel_python_argv(kernel_environment(os.path.dirname(self.path))), *run]

@@ -91,7 +91,16 @@ def spec_arguments(args: argparse.Namespace) -> dict[str, Any]:
     arguments = {field: getattr(args, field) for _, field in _SPEC_OPTIONS}
     arguments["exclusive"] = args.exclusive
     arguments["name"] = args.name
+    arguments["mode"] = "local" if getattr(args, "local", False) else None
     return arguments
+
+
+def _add_local_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help='local mode: Ray as processes of this machine (one node), no Slurm (mode = "local")',
+    )
 
 
 def setup_lines(args: argparse.Namespace, cell: str | None = None) -> list[str]:
@@ -122,6 +131,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
     up = add("up", "Start a Ray cluster in a Slurm allocation, wait for it and connect.")
     _add_spec_options(up)
+    _add_local_option(up)
     up.add_argument("--detach", action="store_true", help="keep it running after this kernel")
     up.add_argument("--no-connect", action="store_true", help="do not connect this kernel")
     up.add_argument("--queue-timeout", type=float, metavar="S", help="give up after S s queued")
@@ -161,6 +171,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
     script = add("script", "Print the job script `up` would submit with these options.")
     _add_spec_options(script)
+    _add_local_option(script)
 
     doctor = add(
         "doctor",
@@ -172,6 +183,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
     config = add("config", "Show the settings `up` would use and where each comes from.")
     _add_spec_options(config)
+    _add_local_option(config)
     return root, parsers
 
 

@@ -159,6 +159,11 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def _job_id_like(value: str) -> bool:
+    """A Slurm job id, or local mode's ``local-<pid>``."""
+    return value.removeprefix("local-").isdigit()
+
+
 def _check_field(name: str, value: Any) -> None:
     allowed = _FIELD_TYPES[name]
     wrong_bool = isinstance(value, bool) and bool not in allowed
@@ -168,7 +173,7 @@ def _check_field(name: str, value: Any) -> None:
         raise RegistryError(f"the id {value!r} is not {CLUSTER_ID_ALLOWED}")
     if name == "state" and value not in RECORD_STATES:
         raise RegistryError(f"unknown state {value!r}")
-    if name == "job_id" and isinstance(value, str) and not value.isdigit():
+    if name == "job_id" and isinstance(value, str) and not _job_id_like(value):
         raise RegistryError(f"the job id {value!r} is not a Slurm job id")
     if name in ("nodes_lost", "worker_jobs") and isinstance(value, list):
         _check_list(name, value)

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .accounting import Accounting, load_accounting
-from .errors import SpecError
+from .errors import SlurmUnavailable, SpecError
 from .limits import check_against_accounting
+from .localjobs import with_local_mode_hint
 from .slurm import Partition, SlurmClient
 from .spec import ClusterSpec, format_walltime
 from .transport import Transport
@@ -106,8 +107,17 @@ def check_spec(
 
 
 async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck:
-    """Ask sinfo and the accounting (cached a minute) and check ``spec`` against them."""
-    partitions = await SlurmClient(transport).partitions()
+    """Ask sinfo and the accounting (cached a minute) and check ``spec`` against them.
+
+    Local mode asks Slurm nothing; when Slurm does not answer, the error says how to run
+    without it (local mode), never falling back by itself."""
+    if spec.mode == "local":
+        note = "local mode: Ray runs as processes of this machine (one node); Slurm is not asked"
+        return SiteCheck([], Accounting(unavailable="local mode"), (note,))
+    try:
+        partitions = await SlurmClient(transport).partitions()
+    except SlurmUnavailable as exc:
+        raise with_local_mode_hint(exc) from None
     accounting = await load_accounting(transport)
     notes = check_spec(spec, partitions, accounting)
     return SiteCheck(partitions, accounting, notes)

@@ -84,6 +84,13 @@ class ClusterSpec:
         "text",
         "The cluster's name (Slurm's job name).",
     )
+    mode: str = _setting(
+        "slurm",
+        choice("slurm", "local"),
+        "text",
+        "'slurm' (a Slurm job) or 'local' (Ray as processes of this machine, one node, through "
+        "the same bootstrap: for a laptop, a tutorial, CI; the magic's --local).",
+    )
     # -- what to ask Slurm for --------------------------------------------------------------
     time: str | None = _setting(
         None,
@@ -205,6 +212,8 @@ class ClusterSpec:
             value = check(spec_field.name, getattr(self, spec_field.name))
             object.__setattr__(self, spec_field.name, value)
         self._check_ports()
+        if self.mode == "local" and self.nodes != 1:
+            raise SpecError("nodes", self.nodes, "1 in local mode (Ray runs as one node here)")
 
     def _check_ports(self) -> None:
         block = self.block_size
@@ -306,6 +315,9 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[ClusterSpe
         for name, value in _settings_of(mapping).items():
             merged[name] = value
             sources[name] = source
+    if merged.get("mode") == "local" and "nodes" in merged:  # one node, and say so
+        sources["nodes"] = f"local mode runs one node ({sources['nodes']} asked {merged['nodes']})"
+        del merged["nodes"]
     try:
         spec = ClusterSpec(**merged)
     except SpecError as error:

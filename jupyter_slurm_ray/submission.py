@@ -11,9 +11,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .errors import SlurmError, SlurmRayError, SubmitOutcomeUnknown, TransportError
+from .errors import (
+    SlurmError,
+    SlurmRayError,
+    SlurmUnavailable,
+    SubmitOutcomeUnknown,
+    TransportError,
+)
 from .jobdir import SCRIPT, JobDir, probe_site
 from .jobscript import render_job_script
+from .localjobs import with_local_mode_hint
 from .slurm import SlurmClient
 from .spec import ClusterSpec
 from .transport import Transport
@@ -61,9 +68,11 @@ async def submit(
         raise
     try:
         return await submit_or_adopt(slurm, job_dir.file(SCRIPT), cluster_id, timeout=timeout)
-    except SlurmError:  # nothing was queued
+    except SlurmError as exc:  # nothing was queued
         forget_record()
         await job_dir.remove()
+        if isinstance(exc, SlurmUnavailable) and not slurm.transport.local_mode:
+            raise with_local_mode_hint(exc) from None
         raise
 
 

@@ -1,9 +1,11 @@
 """The transports of one process, built only from its own configuration, one per target.
 
 A *target* is the name of where Slurm commands run (``Transport.target``: ``"local"``,
-``"local (runuser -u alice --)"``, ``"ssh://alice@login1"``). Records keep only that name; a
-record asking for a target this process is not configured for gets :class:`UnknownTarget`,
-so a hostile record can never make this process run a command of its choosing.
+``"local (runuser -u alice --)"``, ``"ssh://alice@login1"``; ``"local mode"`` or
+``"local mode (runuser -u alice --)"`` for clusters run as processes of this machine).
+Records keep only that name; a record asking for a target this process is not configured
+for gets :class:`UnknownTarget`, so a hostile record can never make this process run a
+command of its choosing.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ class Transports:
         return self._configured
 
     def for_target(self, target: object) -> Transport:
-        """The configured transport if ``target`` names it, else UnknownTarget."""
+        """The configured transport if ``target`` names it (or its local-mode sibling),
+        else UnknownTarget."""
         name = target_name(target)  # type: ignore[arg-type]
         configured = self.configured()
+        local = configured.for_local_mode()
+        if name == local.target:
+            return local
         if name != configured.target:
             raise UnknownTarget(
                 f"the cluster was started through {name!r}, but this process is configured for "
@@ -53,10 +59,13 @@ class Transports:
         return configured
 
     def reaches(self, target: object) -> bool:
-        return target_name(target) == self.configured().target  # type: ignore[arg-type]
+        configured = self.configured()
+        name = target_name(target)  # type: ignore[arg-type]
+        return name in (configured.target, configured.for_local_mode().target)
 
     async def close(self) -> None:
         if self._configured is not None:
             with contextlib.suppress(Exception):
+                await self._configured.for_local_mode().close()
                 await self._configured.close()
             self._configured = None

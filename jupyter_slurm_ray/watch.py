@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import SlurmUnavailable
+from .localjobs import scheduler_for
 from .queuecache import SharedQueue
 from .slurm import JobInfo, SlurmClient
 from .transport import Transport
@@ -191,7 +192,7 @@ def watcher_for(
     ``shared_dir`` (the user's state dir), its queries share the user's queue on this host."""
     watcher = _watchers.get(transport)
     if watcher is None:
-        watcher = JobWatcher(SlurmClient(transport), interval)
+        watcher = JobWatcher(scheduler_for(transport), interval)
         _watchers[transport] = watcher
     if shared_dir is not None and watcher.slurm.shared is None:
         watcher.slurm.shared = SharedQueue(shared_dir, transport.target)

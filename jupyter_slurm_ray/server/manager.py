@@ -24,12 +24,12 @@ from ..cluster import SlurmRayCluster
 from ..errors import Conflict, NotFound, SlurmRayError, SpecError
 from ..inventory import Entry, Inventory, tag_matches
 from ..jobdir import EVENTS, JobDir, parse_events
+from ..localjobs import scheduler_for
 from ..naming import is_cluster_id
 from ..queueinfo import queue_insight
 from ..registry import ClusterRecord, Registry
 from ..scaling import checked_node_count
 from ..sitecheck import check_with_slurm
-from ..slurm import SlurmClient
 from ..spec import ClusterSpec
 from ..states import Status, status_of_record
 from ..targets import Transports
@@ -183,7 +183,7 @@ class ClusterManager:
         record = entry.record
         if record is None or not entry.active or not record.job_id:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be extended")
-        slurm = SlurmClient(self.transports.for_target(record.target))
+        slurm = scheduler_for(self.transports.for_target(record.target))
         extension = await extend_walltime(slurm, record.job_id, amount)
         log.info("extended job %s of %s by %d min", record.job_id, cluster_id, extension.minutes)
         self.inventory.expire()
@@ -273,7 +273,7 @@ class ClusterManager:
             record.id,
             record.owner_pid,
         )
-        slurm = SlurmClient(self.transports.for_target(record.target))
+        slurm = scheduler_for(self.transports.for_target(record.target))
         with contextlib.suppress(SlurmRayError):
             await slurm.cancel(record.job_id)
             self.reaped.append(record.job_id)
