@@ -431,6 +431,8 @@ class SlurmRayCluster:
 
     def _checked_scale(self, nodes: object) -> int:
         wanted = checked_node_count(nodes, self.spec.nodes)
+        if self.spec.mode == "local" and wanted != self.spec.nodes:
+            raise SpecError("nodes", nodes, "1 in local mode (scaling adds Slurm worker jobs)")
         state = self._status.state
         if state.is_final or not (state.is_up or self._follower.events.head_ready):
             raise SlurmRayError(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import resolve_spec
 from jupyter_slurm_ray.errors import ExtendRefused, SlurmUnavailable, SpecError
 from jupyter_slurm_ray.jobscript import render_job_script
@@ -200,3 +201,11 @@ async def test_what_only_slurm_has_is_refused_in_its_words(jobs: LocalJobs) -> N
     with pytest.raises(ExtendRefused, match="local mode"):
         await jobs.extend("local-1", 30)
     assert await jobs.partitions() == [] and await jobs.tagged_jobs() == {}
+
+
+def test_a_local_cluster_is_not_scaled_since_worker_jobs_need_slurm() -> None:
+    cluster = SlurmRayCluster(ClusterSpec(mode="local", time="10"), LocalTransport())
+    assert cluster.transport.target == "local mode" and isinstance(cluster.slurm, LocalJobs)
+    with pytest.raises(SpecError) as error:
+        cluster.scale(2)
+    assert error.value.field == "nodes" and "local mode" in str(error.value)
