@@ -62,12 +62,28 @@ class ClusterPanel(widgets.VBox):
         self.up_button.on_click(lambda _: self.up())
         self.stop_button.on_click(lambda _: self.stop())
         self.connect_button.on_click(lambda _: self.connect())
+        self.grow_button = widgets.Button(icon="plus", tooltip="one node more (a worker job)")
+        self.shrink_button = widgets.Button(
+            icon="minus", tooltip="one node less (pending worker jobs first, else drained)"
+        )
+        self.grow_button.on_click(lambda _: self.scale_by(1))
+        self.shrink_button.on_click(lambda _: self.scale_by(-1))
+        for button in (self.grow_button, self.shrink_button):
+            button.layout = widgets.Layout(width="3em")
         self.status_view = StatusView()
         self.log_tail = widgets.Textarea(
             disabled=True, layout=widgets.Layout(width="100%", height="12em")
         )
         logs = widgets.Accordion([self.log_tail], titles=("log tail",))
-        buttons = widgets.HBox([self.up_button, self.stop_button, self.connect_button])
+        buttons = widgets.HBox(
+            [
+                self.up_button,
+                self.stop_button,
+                self.connect_button,
+                self.shrink_button,
+                self.grow_button,
+            ]
+        )
         title = widgets.HTML("<b>Ray on Slurm</b>")
         super().__init__([title, self.form, buttons, self.message, self.status_view, logs])
         self._load_choices()
@@ -227,6 +243,21 @@ class ClusterPanel(widgets.VBox):
         if self.cluster is not None:
             self._run(self.cluster.connect_async(timeout=self._connect_timeout()))
 
+    def scale_by(self, delta: int) -> None:
+        """One node more or less than the cluster wants now (worker jobs; see scaling.py)."""
+        cluster = self.cluster
+        if cluster is None or not cluster.state.is_up:
+            return
+        target = cluster.status.nodes_wanted + delta
+        if target < cluster.spec.nodes:
+            self._note(f"{cluster.spec.name} has only its own allocation left to keep")
+            return
+        if cluster.owned_here:
+            self._run(cluster.scale_async(target))
+        else:
+            self._run(cluster.request_scale_async(target))
+        self._note(f"scaling {cluster.spec.name} to {target} nodes")
+
     async def _up(self, cluster: SlurmRayCluster) -> None:
         try:
             await cluster.up_async(wait=False)
@@ -292,6 +323,10 @@ class ClusterPanel(widgets.VBox):
         self.up_button.disabled = active
         self.stop_button.disabled = not active or state is State.STOPPING
         self.connect_button.disabled = state is not State.READY
+        up = state is not None and state.is_up
+        self.grow_button.disabled = not up
+        own = self.cluster.spec.nodes if self.cluster is not None else 0
+        self.shrink_button.disabled = not up or status is None or status.nodes_wanted <= own
 
     def _note(self, text: str) -> None:
         self.message.value = f'<span style="color:#6c757d">{html.escape(text, quote=False)}</span>'

@@ -37,6 +37,8 @@ export interface ICluster {
   notice?: string | null;
   /** Hosts that were part of the cluster and are gone. */
   nodes_lost?: string[];
+  /** Its extra worker jobs (scaling) Slurm may still run. */
+  worker_jobs?: IWorkerJob[];
   /** It ended: nothing runs any more. */
   final?: boolean;
   /** Its record may be deleted (`forgetCluster`). */
@@ -98,6 +100,15 @@ export interface IClusterList {
 }
 
 /** One cluster with its recent bootstrap events and the tail of its job output. */
+/** One extra worker job of a cluster (scaling): Slurm's state and pending reason, its node. */
+export interface IWorkerJob {
+  job_id: string;
+  state: string;
+  reason: string | null;
+  host: string | null;
+  joined: boolean;
+}
+
 export interface IClusterDetails extends ICluster {
   events: Array<Record<string, unknown>>;
   log_tail: string;
@@ -165,6 +176,17 @@ export const extendCluster = (id: string, amount: string): Promise<ICluster> =>
   request<ICluster>(`${encodeURIComponent(id)}/extend`, {
     method: 'POST',
     body: JSON.stringify({ amount })
+  });
+
+/**
+ * Scale to `nodes` Ray nodes in all (the head's allocation plus one-node worker jobs). 200 when
+ * this server owns the cluster, 202 when its owner was asked (`applied` false); 400 names
+ * `nodes` when the count is not allowed.
+ */
+export const scaleCluster = (id: string, nodes: number): Promise<ICluster & { applied: boolean }> =>
+  request<ICluster & { applied: boolean }>(`${encodeURIComponent(id)}/scale`, {
+    method: 'POST',
+    body: JSON.stringify({ nodes })
   });
 
 export const createCluster = (settings: Record<string, unknown>): Promise<ICluster> =>

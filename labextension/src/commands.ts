@@ -19,6 +19,7 @@ import {
   extendCluster,
   forgetCluster,
   runDoctor,
+  scaleCluster,
   stopCluster
 } from './api';
 import { doctorTableHtml } from './doctor';
@@ -35,6 +36,7 @@ export namespace CommandIDs {
   export const showLogs = 'slurm-ray:show-logs';
   export const showDetails = 'slurm-ray:show-details';
   export const extend = 'slurm-ray:extend';
+  export const scale = 'slurm-ray:scale';
   export const refresh = 'slurm-ray:refresh';
   export const create = 'slurm-ray:create';
   export const showSidebar = 'slurm-ray:show-sidebar';
@@ -218,6 +220,40 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.scale, {
+    label: 'Slurm Ray: Scale…',
+    caption: 'Ray nodes in all: the head allocation plus one-node worker jobs',
+    execute: async args => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (!picked?.id) {
+        return;
+      }
+      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
+      const wanted = typeof args.nodes === 'number' ? args.nodes : 1;
+      const nodes = await InputDialog.getNumber({
+        title: `Scale ${label}`,
+        label: 'Ray nodes in all (pending worker jobs go first; running ones are drained)',
+        value: wanted
+      });
+      if (!nodes.button.accept || nodes.value === null) {
+        return;
+      }
+      try {
+        const scaled = await scaleCluster(picked.id, nodes.value);
+        Notification.success(
+          scaled.applied
+            ? `${label}: scaling to ${nodes.value} nodes.`
+            : `${label}: scaling to ${nodes.value} nodes was asked of its owner.`,
+          { autoClose: 8000 }
+        );
+      } catch (error) {
+        const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
+        await showErrorMessage(`Could not scale${field}`, (error as Error).message);
+      }
+      await ctx.refresh();
+    }
+  });
+
   commands.addCommand(CommandIDs.doctor, {
     label: 'Slurm Ray: Doctor',
     caption: 'Check Slurm, the job dir, the cluster Python and Ray on a node, the network',
@@ -299,5 +335,6 @@ export const paletteCommands = [
   CommandIDs.showLogs,
   CommandIDs.showDetails,
   CommandIDs.extend,
+  CommandIDs.scale,
   CommandIDs.doctor
 ];

@@ -61,6 +61,19 @@ const BUSY = new Set(['SUBMITTING', 'PENDING', 'STARTING', 'STOPPING']);
 const FINAL = new Set(['STOPPED', 'FAILED', 'TIMEOUT', 'CANCELLED', 'PREEMPTED', 'NODE_FAIL']);
 
 /** A CSS modifier for the state badge: up, busy, ended or failed. */
+/** `2/3 nodes alive · worker jobs: 1 running, 1 pending (Resources)`; null without any. */
+export function scalingText(cluster: ICluster): string | null {
+  const jobs = cluster.worker_jobs ?? [];
+  if (jobs.length === 0 || cluster.final) {
+    return null;
+  }
+  const pending = jobs.filter(job => job.state === 'PENDING');
+  const reasons = [...new Set(pending.map(job => job.reason || 'no reason yet'))].sort();
+  const waiting = pending.length ? `, ${pending.length} pending (${reasons.join(', ')})` : '';
+  const alive = `${cluster.nodes_joined}/${cluster.nodes_wanted} nodes alive`;
+  return `${alive} · worker jobs: ${jobs.length - pending.length} running${waiting}`;
+}
+
 export function stateKind(state: string): string {
   if (UP.has(state)) {
     return 'up';

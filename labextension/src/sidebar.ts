@@ -21,6 +21,7 @@ import {
   nodesLostText,
   ownerText,
   queueText,
+  scalingText,
   stateKind,
   timeLeftNow,
   unreachableText,
@@ -210,6 +211,10 @@ export class ClusterSidebar extends Widget {
     if (usage) {
       facts.append(fact('Used', usage, 'usage'));
     }
+    const scaling = scalingText(cluster);
+    if (scaling) {
+      facts.append(el('span', 'jp-SlurmRay-scaling', scaling));
+    }
     const lost = nodesLostText(cluster);
     if (lost) {
       facts.append(el('span', 'jp-SlurmRay-lost', lost));
@@ -226,7 +231,13 @@ export class ClusterSidebar extends Widget {
       this._button('Copy attach', CommandIDs.copyAttach, args, false),
       this._button('Logs', CommandIDs.showLogs, args, !cluster.job_id),
       this._button('Details', CommandIDs.showDetails, args, false),
-      this._button('Extend', CommandIDs.extend, args, !cluster.extendable)
+      this._button('Extend', CommandIDs.extend, args, !cluster.extendable),
+      this._button(
+        'Scale',
+        CommandIDs.scale,
+        { ...args, nodes: cluster.nodes_wanted },
+        !isUp(cluster.state)
+      )
     );
     if (canForget(cluster)) {
       actions.append(this._button('Forget', CommandIDs.forget, args, false, 'warn'));

@@ -12,11 +12,14 @@ import pytest
 
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.config import SlurmRay
 from jupyter_slurm_ray.formatting import status_line
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status, WorkerJobStatus
+from jupyter_slurm_ray.widget import ClusterPanel
 
 from ..helpers.fakeslurm import FakeJob
 from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
@@ -133,3 +136,27 @@ def test_the_status_line_shows_alive_wanted_and_pending_worker_jobs():
     line = status_line(status, now=time.time())
     assert "2/4 nodes alive, worker jobs: 1 running, 2 pending (Priority, Resources)" in line
     assert "worker jobs" not in status_line(Status(State.READY, job_id="7"))
+
+
+async def test_the_panels_plus_and_minus_scale_by_one_node(site, make_cluster, slurm, monkeypatch):
+    cluster = make_cluster()
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 5, "READY")
+    panel = ClusterPanel(session=Session(SlurmRay()), cluster=cluster)
+    actions: list = []
+    monkeypatch.setattr(panel, "_run", actions.append)  # run here, on this test's loop
+    try:
+        assert not panel.grow_button.disabled and panel.shrink_button.disabled
+        panel.grow_button.click()
+        await actions.pop()
+        (worker,) = cluster.workers.jobs
+        assert cluster.status.nodes_wanted == 2 and not panel.shrink_button.disabled
+        panel.shrink_button.click()
+        await actions.pop()
+        assert slurm.job(worker).state == "CANCELLED" and cluster.status.nodes_wanted == 1
+        assert panel.shrink_button.disabled
+    finally:
+        panel.close()

@@ -1,0 +1,123 @@
+"""Time from ``scale(+2)`` to both new nodes alive, against a fresh 3-node ``up`` (to every node
+joined) measured in the same run on the same testbed; and the squeue calls per poll of the
+watcher while the scaled cluster (a head and two worker jobs) runs.
+
+Every job takes a whole node (``cpus_per_node=2``), the nodes are idle before each run, and
+times come from the bootstrap's own events (``time.time()`` on this one machine). The figures
+go to a JSON file (benchmarks/results.py). Run on the login node:
+    scripts/testbed exec -- /opt/jupyter-slurm-ray/venv/bin/python benchmarks/scale.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.results import write_result
+from benchmarks.startup import AS_USER, nodes_idle
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.transport import CommandResult, LocalTransport
+from jupyter_slurm_ray.watch import watcher_for
+from tests.helpers.clusters import cluster_spec
+
+WATCH_WINDOW = 20.0  # seconds the scaled cluster's polls are counted
+
+
+class CountingTransport(LocalTransport):
+    """The user's commands, with the squeue calls counted."""
+
+    def __init__(self) -> None:
+        super().__init__(AS_USER)
+        self.squeues = 0
+
+    async def run(self, argv: Sequence[str], **kwargs) -> CommandResult:  # type: ignore[no-untyped-def,override]
+        self.squeues += bool(argv) and argv[0] == "squeue"
+        return await super().run(argv, **kwargs)
+
+
+def new_cluster(nodes: int, registry: Registry, transport: LocalTransport) -> SlurmRayCluster:
+    spec = cluster_spec(nodes=nodes, cpus_per_node=2)
+    return SlurmRayCluster(spec, transport, registry=registry, poll_interval=0.2)
+
+
+def joined_at(cluster: SlurmRayCluster, count: int, timeout: float = 300) -> float:
+    """The bootstrap's time of the first ``nodes`` event with ``count`` nodes joined."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.refresh()
+        for event in cluster.events:
+            if event.get("event") == "nodes" and event.get("joined") == count:
+                return float(event["t"])
+        time.sleep(0.2)
+    raise TimeoutError(f"{count} nodes did not join")
+
+
+def run_fresh(registry: Registry) -> float:
+    """``up()`` of 3 nodes to every node joined."""
+    nodes_idle()
+    cluster = new_cluster(3, registry, LocalTransport(AS_USER))
+    started = time.time()
+    try:
+        cluster.up(connect=False)
+        return joined_at(cluster, 3) - started
+    finally:
+        cluster.down()
+
+
+def run_scale(registry: Registry) -> dict[str, float]:
+    """A 1-node cluster, then ``scale(3)`` to both worker jobs' nodes alive; then the squeue
+    calls per watcher poll over WATCH_WINDOW s."""
+    nodes_idle()
+    transport = CountingTransport()
+    cluster = new_cluster(1, registry, transport)
+    try:
+        cluster.up(connect=False)
+        started = time.time()
+        cluster.scale(3)
+        alive = joined_at(cluster, 3) - started
+        watcher = watcher_for(transport)
+        polls, squeues = watcher.polls, transport.squeues
+        time.sleep(WATCH_WINDOW)
+        per_poll = (transport.squeues - squeues) / max(1, watcher.polls - polls)
+        return {"scale(+2) -> both nodes alive": alive, "squeue calls per poll": per_poll}
+    finally:
+        cluster.down()
+
+
+def main(repeats: int) -> None:
+    registry = Registry(Path(tempfile.mkdtemp(prefix="jsr-bench-")))
+    fresh, scaled = [], []
+    for _ in range(repeats):  # interleaved: both see the same machine
+        fresh.append(run_fresh(registry))
+        scaled.append(run_scale(registry))
+    fresh_median = statistics.median(fresh)
+    scale_median = statistics.median(r["scale(+2) -> both nodes alive"] for r in scaled)
+    per_poll = max(r["squeue calls per poll"] for r in scaled)
+    print(f"medians of {repeats} interleaved runs")
+    print(f"  fresh 3-node up -> all joined      {fresh_median:6.1f} s")
+    print(f"  scale(+2) -> both nodes alive      {scale_median:6.1f} s")
+    print(f"  ratio scale / fresh                {scale_median / fresh_median:6.2f}")
+    print(f"  squeue calls per poll (3 jobs)     {per_poll:6.2f}")
+    write_result(
+        "scale",
+        {
+            "fresh_up_3_nodes_s": fresh_median,
+            "scale_plus_2_s": scale_median,
+            "ratio_scale_to_fresh": scale_median / fresh_median,
+            "squeue_calls_per_poll_3_jobs": per_poll,
+            "runs": {"fresh": fresh, "scale": scaled},
+        },
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    main(parser.parse_args().repeats)
