@@ -104,7 +104,7 @@ class SlurmClient:
             result = await self.transport.run(argv, timeout=timeout or self.timeout, check=False)
         except TransportError as exc:
             raise SlurmUnavailable(f"{argv[0]}: {exc}") from None
-        if result.returncode != 0 and _no_controller(result.stderr):
+        if result.returncode == 127 or (result.returncode != 0 and _no_controller(result.stderr)):
             raise SlurmUnavailable(f"{argv[0]}: {_first_line(result.stderr)}")
         return _Answer(result.returncode, result.stdout, result.stderr)
 
@@ -132,6 +132,9 @@ class SlurmClient:
         try:
             result = await self.transport.run(argv, timeout=timeout)
         except CommandError as exc:
+            if exc.returncode == 127:  # no sbatch on this machine: nothing was queued
+                missing = f"sbatch is not installed here: {_first_line(exc.stderr)}"
+                raise SlurmUnavailable(missing) from None
             if _no_controller(exc.stderr):  # sbatch gave up: nothing was queued
                 raise SlurmUnavailable(_slurm_message(exc)) from None
             raise SlurmError(_slurm_message(exc)) from None

@@ -167,6 +167,10 @@ async def fetch_usages(
         for key in dict.fromkeys(wanted)
         if key and not ((entry := known.get(key)) and (entry[1].final or now - entry[0] < max_age))
     ]
+    if stale and transport.local_mode:  # nothing to ask: say so, as sacct's silence would
+        for key in stale:
+            known[key] = (now, Usage(key, unavailable="local mode has no Slurm accounting"))
+        stale = []
     if stale:
         jobs = sorted({j for key in stale for j in key})
         try:

@@ -28,6 +28,7 @@ from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.targets import Transports
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.usage import fetch_usage
 
 
 # -- the setting ----------------------------------------------------------------------------
@@ -209,3 +210,20 @@ def test_a_local_cluster_is_not_scaled_since_worker_jobs_need_slurm() -> None:
     with pytest.raises(SpecError) as error:
         cluster.scale(2)
     assert error.value.field == "nodes" and "local mode" in str(error.value)
+
+
+async def test_the_usage_of_a_local_cluster_says_there_is_no_accounting() -> None:
+    usage = await fetch_usage(LocalTransport(local_mode=True), ["local-42"])
+    assert usage.unavailable == "local mode has no Slurm accounting"
+
+
+async def test_a_machine_without_sbatch_is_silence_that_suggests_local_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sh").symlink_to("/bin/sh")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # a shell, no sbatch: exit status 127
+    slurm = SlurmClient(LocalTransport())
+    with pytest.raises(SlurmUnavailable) as error:
+        await slurm.submit(str(tmp_path / "job.sbatch"))
+    assert "sbatch is not installed here" in str(error.value)
