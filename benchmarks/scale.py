@@ -61,7 +61,7 @@ def joined_at(cluster: SlurmRayCluster, count: int, timeout: float = 300) -> flo
 
 def run_fresh(registry: Registry) -> float:
     """``up()`` of 3 nodes to every node joined."""
-    nodes_idle()
+    nodes_idle(timeout=900)  # the testbed is shared: wait for it
     cluster = new_cluster(3, registry, LocalTransport(AS_USER))
     started = time.time()
     try:
@@ -74,7 +74,7 @@ def run_fresh(registry: Registry) -> float:
 def run_scale(registry: Registry) -> dict[str, float]:
     """A 1-node cluster, then ``scale(3)`` to both worker jobs' nodes alive; then the squeue
     calls per watcher poll over WATCH_WINDOW s."""
-    nodes_idle()
+    nodes_idle(timeout=900)  # the testbed is shared: wait for it
     transport = CountingTransport()
     cluster = new_cluster(1, registry, transport)
     try:

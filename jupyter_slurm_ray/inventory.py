@@ -23,6 +23,7 @@ from .localjobs import scheduler_for
 from .naming import job_comment
 from .queuecache import SharedQueue
 from .registry import ClusterRecord, Registry, Unreadable
+from .scaling import tagged_worker_jobs
 from .slurm import JobInfo, SlurmClient
 from .states import EventSummary, State, Status, derive_status, status_of_record
 from .targets import Transports
@@ -273,7 +274,8 @@ class Orphan:
 
 async def find_orphans(slurm: SlurmClient, registry: Registry) -> list[Orphan]:
     """Our active jobs (tagged ``jupyter-slurm-ray:<id>``) whose record is missing, is for
-    another job, or belongs to a process that is gone and did not detach. A job whose record
+    another job, or belongs to a process that is gone and did not detach; and worker jobs
+    (tagged ``jupyter-slurm-ray-worker:<id>``) that no live record lists. A job whose record
     exists but cannot be read is never offered: it may well be alive."""
     tagged = await slurm.tagged_jobs()
     records, unreadable = registry.scan()
@@ -288,7 +290,26 @@ async def find_orphans(slurm: SlurmClient, registry: Registry) -> list[Orphan]:
         why = _why_orphan(job_id, by_id.get(cluster_id))
         if why:
             orphans.append(Orphan(job_id, cluster_id, why))
+    workers = await tagged_worker_jobs(slurm)
+    for job_id, cluster_id in sorted(workers.items(), key=lambda item: int(item[0])):
+        why = _why_worker_orphan(job_id, by_id.get(cluster_id))
+        if why and cluster_id not in unreadable_ids:
+            orphans.append(Orphan(job_id, cluster_id, why))
     return orphans
+
+
+def _why_worker_orphan(job_id: str, record: ClusterRecord | None) -> str | None:
+    """A worker job (scaling) no live cluster owns: it would also leave by itself once its
+    head or owner is gone."""
+    if record is None:
+        return "a worker job without a record of its cluster"
+    if record.is_final:
+        return f"a worker job of a cluster that ended ({record.state})"
+    if job_id not in {str(job.get("job_id")) for job in record.worker_jobs}:
+        return "a worker job its cluster's record does not list"
+    if not record.detached and record.owner_gone:
+        return f"a worker job whose cluster's owner (pid {record.owner_pid}) is gone"
+    return None
 
 
 def _why_orphan(job_id: str, record: ClusterRecord | None) -> str | None:

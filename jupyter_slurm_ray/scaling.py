@@ -27,6 +27,7 @@ from typing import Any
 from .errors import SlurmError, SlurmRayError, SpecError
 from .jobdir import EVENTS, JobDir, probe_site
 from .jobscript import render_worker_job_script
+from .naming import cluster_id_of_worker_comment
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .states import WORKER_ENDED, WorkerJobStatus
@@ -73,6 +74,19 @@ async def request_scale(transport: Transport, job_dir: str, nodes: int) -> None:
     }
     line = json.dumps(event)
     await transport.run(["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"])
+
+
+async def tagged_worker_jobs(slurm: SlurmClient) -> dict[str, str]:
+    """This user's active worker jobs: job id -> the cluster id of their tag (one squeue).
+    (Its place is beside ``SlurmClient.tagged_jobs``; slurm.py was being changed meanwhile.)"""
+    out = await slurm._slurm(["squeue", "-h", "--me", "-o", "%i|%k"])
+    found = {}
+    for line in out.splitlines():
+        job_id, _, comment = line.partition("|")
+        cluster_id = cluster_id_of_worker_comment(comment)
+        if cluster_id is not None and job_id.strip().isdigit():
+            found[job_id.strip()] = cluster_id
+    return found
 
 
 def requested_nodes(event: Mapping[str, Any], since: float) -> int | None:

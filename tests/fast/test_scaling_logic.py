@@ -9,12 +9,21 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import SlurmRayError, SpecError
-from jupyter_slurm_ray.naming import cluster_id_of_comment, cluster_id_of_worker_comment
+from jupyter_slurm_ray.inventory import find_orphans
+from jupyter_slurm_ray.naming import (
+    cluster_id_of_comment,
+    cluster_id_of_worker_comment,
+    job_comment,
+    worker_job_comment,
+)
+from jupyter_slurm_ray.registry import ClusterRecord
 from jupyter_slurm_ray.scaling import checked_node_count
+from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.watch import watcher_for
 
 from ..helpers.bootstrap import bootstrap_module
+from ..helpers.fakeslurm import FakeJob
 from ..helpers.waiting import until
 from .conftest import emit, write_connection
 
@@ -192,3 +201,22 @@ def test_a_drain_request_holds_its_timeout() -> None:
     assert workerjob.drain_timeout("30\n") == 30.0
     assert workerjob.drain_timeout("soon") == workerjob.DEFAULT_DRAIN_TIMEOUT
     assert workerjob.drain_timeout("-5") == workerjob.DEFAULT_DRAIN_TIMEOUT
+
+
+async def test_gc_offers_worker_jobs_no_live_cluster_lists(registry, transport, slurm):
+    listed = {"job_id": "11", "state": "RUNNING"}
+    registry.save(
+        ClusterRecord(
+            id="live-0001", name="live", target="fake", job_dir="/x", job_id="10",
+            state="READY", worker_jobs=[listed],
+        )
+    )  # fmt: skip
+    slurm.jobs["10"] = FakeJob("10", "", comment=job_comment("live-0001"), state="RUNNING")
+    for job_id, cluster_id in (("11", "live-0001"), ("12", "live-0001"), ("13", "gone-0001")):
+        comment = worker_job_comment(cluster_id)
+        slurm.jobs[job_id] = FakeJob(job_id, "", comment=comment, state="RUNNING")
+    orphans = await find_orphans(SlurmClient(transport), registry)
+    assert [(o.job_id, o.why) for o in orphans] == [
+        ("12", "a worker job its cluster's record does not list"),
+        ("13", "a worker job without a record of its cluster"),
+    ]
