@@ -39,7 +39,14 @@ from .lease import Lease
 from .localjobs import scheduler_for
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
-from .scaling import WorkerJobs, checked_node_count, request_scale, requested_nodes
+from .scaling import (
+    WorkerJobs,
+    append_event,
+    checked_node_count,
+    request_cause,
+    request_scale,
+    requested_nodes,
+)
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until
@@ -390,15 +397,19 @@ class SlurmRayCluster:
     connection_info = blocking(connection_info_async)
 
     # -- scaling: extra worker jobs (scaling.py) -------------------------------------------
-    async def scale_async(self, nodes: int, *, drain_timeout: float = 60.0) -> Status:
+    async def scale_async(
+        self, nodes: int, *, drain_timeout: float = 60.0, cause: str = "scale() by its owner"
+    ) -> Status:
         """Scale to ``nodes`` Ray nodes in all: the head's allocation (``spec.nodes``) plus
         one-node worker jobs. Out: worker jobs are submitted (returns at once; they join as
         Slurm starts them). In: pending worker jobs are cancelled first, then running ones are
         drained through Ray (up to ``drain_timeout`` s) and cancelled; returns once they ended.
-        SpecError (field ``nodes``) for anything but a whole number ≥ ``spec.nodes``."""
+        SpecError (field ``nodes``) for anything but a whole number ≥ ``spec.nodes``. Each
+        change is told as a ``scaled`` event (from, to, the jobs, ``cause``) in events.jsonl."""
         wanted = self._checked_scale(nodes)
         watcher = watcher_for(self.transport)
-        await self.workers.scale_to(
+        before = self.spec.nodes + self.workers.wanted
+        submitted, retired = await self.workers.scale_to(
             wanted - self.spec.nodes,
             self._job_dir().path,
             drain_timeout=drain_timeout,
@@ -406,6 +417,12 @@ class SlurmRayCluster:
         )
         self.workers.follow(watcher, self._update_state, self.poll_interval)
         self._update_state()
+        if submitted or retired:
+            with contextlib.suppress(SlurmRayError):  # the decision stands without its record
+                await append_event(
+                    self.transport, self._job_dir().path, "scaled", nodes_before=before,
+                    nodes=wanted, submitted=submitted, retired=retired, cause=cause,
+                )  # fmt: skip
         return self._status
 
     scale = blocking(scale_async)
@@ -448,13 +465,13 @@ class SlurmRayCluster:
         for event in events:
             nodes = requested_nodes(event, self._owning_since)
             if nodes is not None:
-                task = asyncio.ensure_future(self._apply_scale_request(nodes))
+                task = asyncio.ensure_future(self._apply_scale_request(nodes, event))
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
 
-    async def _apply_scale_request(self, nodes: int) -> None:
+    async def _apply_scale_request(self, nodes: int, event: dict[str, Any]) -> None:
         try:
-            await self.scale_async(nodes)
+            await self.scale_async(nodes, cause=request_cause(event))
         except SlurmRayError as exc:
             log.warning("%s: a scale request to %s nodes failed: %s", self.spec.name, nodes, exc)
 

@@ -61,19 +61,22 @@ def checked_node_count(nodes: object, minimum: int) -> int:
     return nodes
 
 
+async def append_event(transport: Transport, job_dir: str, event: str, **fields: Any) -> None:
+    """One event of this process (role client) appended to the cluster's ``events.jsonl``."""
+    record = {"t": time.time(), "event": event, "role": "client"}
+    record.update(host=socket.gethostname(), pid=os.getpid(), **fields)
+    line = json.dumps(record)
+    await transport.run(["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"])
+
+
 async def request_scale(transport: Transport, job_dir: str, nodes: int) -> None:
     """Ask the cluster's owner to scale to ``nodes``: a ``scale_request`` event appended to
     its ``events.jsonl``, which the owner reads every tick anyway (no new file, no new poll)."""
-    event = {
-        "t": time.time(),
-        "event": SCALE_REQUEST,
-        "role": "client",
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "nodes": nodes,
-    }
-    line = json.dumps(event)
-    await transport.run(["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"])
+    await append_event(transport, job_dir, SCALE_REQUEST, nodes=nodes)
+
+
+def request_cause(event: Mapping[str, Any]) -> str:
+    return f"asked by pid {event.get('pid')} on {event.get('host')}"
 
 
 async def tagged_worker_jobs(slurm: SlurmClient) -> dict[str, str]:

@@ -94,6 +94,11 @@ async def test_the_owner_applies_requests_made_after_it_took_the_cluster(
     await other.request_scale_async(3)
     await until(lambda: len(cluster.workers.jobs) == 2, 5, "two worker jobs submitted")
     assert cluster.status.nodes_wanted == 3
+    lines = (Path(cluster.job_dir) / "events.jsonl").read_text().splitlines()
+    (decision,) = [e for e in map(json.loads, lines) if e.get("event") == "scaled"]
+    assert (decision["nodes_before"], decision["nodes"]) == (1, 3)
+    assert sorted(decision["submitted"]) == sorted(cluster.workers.jobs)
+    assert decision["cause"].startswith("asked by pid ")
 
 
 async def _post(jp_fetch, cluster_id: str, body) -> tuple[int, dict]:
