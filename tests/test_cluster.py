@@ -121,7 +121,7 @@ def test_version_mismatch_is_refused_naming_both_versions(one_node):
         original = f.read()
     data = json.loads(original)
     data["ray_version"] = "2.9.3"
-    one_node.connection = None
+    one_node._client.connection = None  # read connection.json again
     try:
         with open(path, "w") as f:
             json.dump(data, f)
@@ -131,7 +131,7 @@ def test_version_mismatch_is_refused_naming_both_versions(one_node):
     finally:
         with open(path, "w") as f:
             f.write(original)
-        one_node.connection = None
+        one_node._client.connection = None
     one_node.connect()
     assert one_node.state is State.CONNECTED
 

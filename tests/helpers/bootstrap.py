@@ -97,7 +97,9 @@ class JobDir:
         }
         config.update(settings)
         job = cls(path, config)
-        run_as_user("sh", "-c", 'umask 077; mkdir "$1"', "sh", str(path / "bootstrap"))
+        run_as_user(
+            "sh", "-c", 'umask 077; mkdir "$1" "$1/sitepath"', "sh", str(path / "bootstrap")
+        )
         for name, text in bootstrap_files().items():  # what the client ships
             write_as_user(path / "bootstrap" / name, text, 0o600)
         write_as_user(path / "ray_token", secrets.token_hex(32) + "\n", 0o600)
