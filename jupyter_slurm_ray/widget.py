@@ -131,8 +131,11 @@ class ClusterPanel(widgets.VBox):
     def _load_choices(self) -> None:
         try:
             names = sorted(load_profiles(profiles_path(self.session.config)))
-            self.partitions = run_sync(SlurmClient(self.session.transport()).partitions())
-            self.accounting = run_sync(load_accounting(self.session.transport()))
+            if effective_setting("mode", self.session.config)[0] == "local":  # no Slurm asked
+                self.accounting = Accounting(unavailable="local mode (Ray on this machine)")
+            else:
+                self.partitions = run_sync(SlurmClient(self.session.transport()).partitions())
+                self.accounting = run_sync(load_accounting(self.session.transport()))
         except SlurmRayError as exc:
             self._error(str(exc))
             names = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.config import resolve_spec
+from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import ExtendRefused, SlurmUnavailable, SpecError
 from jupyter_slurm_ray.jobscript import render_job_script
 from jupyter_slurm_ray.localjobs import (
@@ -23,12 +23,14 @@ from jupyter_slurm_ray.localjobs import (
 )
 from jupyter_slurm_ray.magic_args import parse, spec_arguments
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.sitecheck import check_with_slurm
 from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.targets import Transports
 from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.usage import fetch_usage
+from jupyter_slurm_ray.widget import ClusterPanel
 
 
 # -- the setting ----------------------------------------------------------------------------
@@ -227,3 +229,15 @@ async def test_a_machine_without_sbatch_is_silence_that_suggests_local_mode(
     with pytest.raises(SlurmUnavailable) as error:
         await slurm.submit(str(tmp_path / "job.sbatch"))
     assert "sbatch is not installed here" in str(error.value)
+
+
+def test_the_panel_in_local_mode_asks_slurm_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_COMMAND_PREFIX", "/nonexistent/slurm-wrapper")
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_MODE", "local")
+    panel = ClusterPanel(session=Session(SlurmRay()))
+    try:
+        assert panel.partitions == [] and "local mode" in panel.message.value
+        panel.walltime.value = "10"
+        assert panel.spec().mode == "local"
+    finally:
+        panel.close()
