@@ -10,6 +10,7 @@ Ray heads cost ~10 s each here: one local cluster per test, one Slurm cluster.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import pytest
 
 from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.errors import SlurmUnavailable
+from jupyter_slurm_ray.localjobs import LocalJobs
 from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.sitecheck import check_with_slurm
@@ -29,7 +31,9 @@ from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.clusters import processes_of
+from .helpers.server import jupyter_server
 from .helpers.site import configured_site
+from .helpers.testbed import USER
 from .helpers.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +109,39 @@ async def test_without_slurm_asking_for_a_cluster_suggests_local_mode(
     assert "--local" in str(error.value) and 'mode = "local"' in str(error.value)
 
 
+OWNER = """
+import os
+from jupyter_slurm_ray import ClusterSpec, SlurmRayCluster
+from jupyter_slurm_ray.registry import Registry
+spec = ClusterSpec(mode="local", time="10", idle_timeout=5, cpus_per_node=1,
+                   object_store_memory="200M")
+cluster = SlurmRayCluster(spec, registry=Registry({state!r}))
+cluster.up(connect=False)
+print(cluster.job_id, cluster.job_dir, flush=True)
+os.kill(os.getpid(), 9)  # the owner gone: no down, no atexit
+"""
+
+
+def test_a_local_cluster_whose_owner_is_gone_stops_by_its_lease(no_slurm, tmp_path) -> None:
+    code = OWNER.format(state=str(tmp_path / "state"))
+    owner = subprocess.run(
+        [sys.executable, "-c", code], env=no_slurm, capture_output=True, text=True, timeout=300
+    )
+    assert owner.returncode == -9, owner.stdout + owner.stderr
+    job_id, job_dir = owner.stdout.split()
+    jobs = LocalJobs(LocalTransport(local_mode=True))
+
+    def final_state() -> str | None:
+        info = asyncio.run(jobs.query([job_id])).get(job_id)
+        return info.state if info is not None and info.is_final else None
+
+    wait_for(final_state, 90, f"{job_id} to end once its lease is stale")
+    assert final_state() == "COMPLETED"  # the bootstrap ended it, no one cancelled it
+    events = Path(job_dir, "events.jsonl").read_text()
+    assert '"event": "lease_stale"' in events and '"event": "stopped"' in events
+    wait_for(lambda: not processes_of(job_dir), 30, "the cluster's Ray processes to end")
+
+
 # -- beside the testbed's Slurm -------------------------------------------------------------------
 class Shell:
     """An IPython shell with the magics loaded (a kernel's view, in this process)."""
@@ -145,8 +182,17 @@ def test_up_local_beside_a_live_slurm_and_both_kinds_in_one_listing(site, capfd)
     slurm_row = next(line for line in listing.splitlines() if line.startswith("slu "))
     assert "local-" in local_row and "local mode (runuser -u" in local_row, listing
     assert re.search(r" \d+ ", slurm_row) and "local mode" not in slurm_row, listing
-    records = {r.name: r for r in Registry(Path(site["JUPYTER_SLURM_RAY_STATE_DIR"])).all()}
+    state = Path(site["JUPYTER_SLURM_RAY_STATE_DIR"])
+    records = {r.name: r for r in Registry(state).all()}
     assert records["loc"].target.startswith("local mode") and records["slu"].job_id.isdigit()
+    with jupyter_server(state.parent, USER) as server:  # the sidebar's API and the proxy
+        listed = {c["name"]: c for c in server.get("slurm-ray/api/clusters").json()["clusters"]}
+        assert listed["loc"]["state"] == "CONNECTED" and listed["loc"]["job_id"].startswith(
+            "local-"
+        )
+        assert listed["slu"]["job_id"] == records["slu"].job_id
+        status = server.get(f"slurm-ray/dashboard/{records['loc'].id}/api/cluster_status")
+        assert status.status_code == 200 and status.json()["result"] is True  # token added
     down = shell.run("%slurm_ray down --all", capfd)
     assert down.count("STOPPED · (stopped on request)") == 2, down
     assert "local mode has no Slurm accounting" in down  # what usage can say of it
