@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from .aio import blocking
@@ -24,6 +25,7 @@ from .scaling import (
     request_cause,
     request_scale,
     requested_nodes,
+    worker_minutes,
 )
 from .spec import ClusterSpec
 from .states import Status
@@ -71,6 +73,7 @@ class ClusterScaling:
             self._job_dir().path,
             drain_timeout=drain_timeout,
             poll=watcher.poll_soon,
+            minutes=worker_minutes(self._status.time_left, self._status.at, time.time()),
         )
         self.workers.follow(watcher, self._update_state, self.poll_interval)
         self._update_state()

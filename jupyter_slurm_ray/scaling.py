@@ -92,6 +92,15 @@ async def tagged_worker_jobs(slurm: SlurmClient) -> dict[str, str]:
     return found
 
 
+def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
+    """A worker job's walltime: the head's time left now, in whole minutes (at least 1), so
+    that it never outlives the head and Slurm can backfill it before jobs that wait for the
+    head's nodes; None when unknown or unlimited (the spec's walltime then)."""
+    if time_left is None:
+        return None
+    return max(1, int((time_left - max(0.0, now - at)) // 60))
+
+
 def requested_nodes(event: Mapping[str, Any], since: float) -> int | None:
     """The node count of a scale request made after ``since`` (this owner's start), else None."""
     nodes, t = event.get("nodes"), event.get("t")
@@ -144,7 +153,8 @@ class WorkerJobs:
         self.cluster_id = cluster_id
         self.spec = spec
         self.jobs: dict[str, WorkerJob] = {}
-        self.script_path: str | None = None
+        self._site_exported: tuple[str, ...] | None = None  # the job's variables (probed)
+        self._script_text: str | None = None  # what workers.sbatch holds now
         self._callbacks: dict[str, Callback] = {}  # job id -> its watcher subscription
         self._misses: dict[str, int] = {}  # answers in a row in which Slurm did not know it
         self._lock = asyncio.Lock()  # one scaling move at a time
@@ -239,10 +249,11 @@ class WorkerJobs:
         return on_answer
 
     # -- the moves --------------------------------------------------------------------------
-    async def submit(self, count: int, job_dir: str) -> list[str]:
-        """``count`` more one-node worker jobs; their ids (those submitted before a failure
-        are kept, and the error says how many)."""
-        script = await self._script(job_dir)
+    async def submit(self, count: int, job_dir: str, minutes: int | None = None) -> list[str]:
+        """``count`` more one-node worker jobs, each with a walltime of ``minutes`` (the
+        head's time left: see ``worker_minutes``; None: the spec's); their ids (those
+        submitted before a failure are kept, and the error says how many)."""
+        script = await self._script(job_dir, minutes)
         submitted: list[str] = []
         for _ in range(count):
             try:
@@ -256,34 +267,44 @@ class WorkerJobs:
             submitted.append(job_id)
         return submitted
 
-    async def _script(self, job_dir: str) -> str:
-        """The worker jobs' script in the job dir (written once; the same for every job)."""
-        if self.script_path is not None:
-            return self.script_path
+    async def _script(self, job_dir: str, minutes: int | None) -> str:
+        """The worker jobs' script in the job dir, written again when their walltime changes
+        (the site is probed once)."""
         directory = JobDir(self.transport, job_dir)
-        site = await probe_site(self.transport, self.spec.job_dir_root)
+        if self._site_exported is None:
+            self._site_exported = (
+                await probe_site(self.transport, self.spec.job_dir_root)
+            ).exported
+        spec = self.spec if minutes is None else self.spec.replace(time=str(minutes))
         command = directory.bootstrap_command(self.spec.python)
         command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
         text = render_worker_job_script(
-            self.spec,
+            spec,
             cluster_id=self.cluster_id,
             job_dir=directory.path,
             command=command,
-            exported=site.exported,
+            exported=self._site_exported,
         )
         path = directory.file(WORKER_SCRIPT)
-        await self.transport.write_file(path, text, 0o600)
-        self.script_path = path
+        if text != self._script_text:
+            await self.transport.write_file(path, text, 0o600)
+            self._script_text = text
         return path
 
     async def scale_to(
-        self, workers: int, job_dir: str, *, drain_timeout: float, poll: Callable[[], None]
+        self,
+        workers: int,
+        job_dir: str,
+        *,
+        drain_timeout: float,
+        poll: Callable[[], None],
+        minutes: int | None = None,
     ) -> tuple[list[str], list[str]]:
         """As many active worker jobs as ``workers``: (submitted ids, retired ids)."""
         async with self._lock:
             change = workers - self.wanted
             if change > 0:
-                return await self.submit(change, job_dir), []
+                return await self.submit(change, job_dir, minutes), []
             if change < 0:
                 retired = await self.retire(
                     -change, job_dir, drain_timeout=drain_timeout, poll=poll

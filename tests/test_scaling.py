@@ -8,9 +8,13 @@ own address; a node another test holds is waited for, not failed on.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,17 +34,22 @@ pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
 
+# Every task tells where it runs (a file beside the flag) and waits for the flag file (one
+# machine: the nodes share /tmp), so that tasks still run on the worker nodes as they drain.
 WORKLOAD = """
-import json, socket, sys, time, ray
+import json, os, socket, sys, time, ray
 from jupyter_slurm_ray.connect import connect_ray_client
 connect_ray_client(sys.argv[1], sys.argv[2], timeout=30)
 
 @ray.remote(num_cpus=1)
-def work(i):
-    time.sleep(4)
+def work(i, flag):
+    open(os.path.join(os.path.dirname(flag), f"{socket.gethostname()}-{i}"), "w").close()
+    while not os.path.exists(flag):
+        time.sleep(0.2)
+    time.sleep(1)
     return i, socket.gethostname()
 
-refs = [work.remote(i) for i in range(24)]
+refs = [work.remote(i, sys.argv[3]) for i in range(24)]
 print("submitted", flush=True)
 done = ray.get(refs)
 print(json.dumps({"done": sorted(i for i, _ in done), "hosts": sorted({h for _, h in done})}))
@@ -76,6 +85,15 @@ def alive(cluster: SlurmRayCluster) -> int:
     return cluster.refresh().nodes_joined
 
 
+def hosts_running(directory: Path) -> set[str]:
+    return {path.name.rsplit("-", 1)[0] for path in directory.iterdir() if path.name != "go"}
+
+
+def events(cluster: SlurmRayCluster, kind: str) -> list[dict]:
+    cluster.refresh()  # reads the new events too
+    return [e for e in cluster.events if e.get("event") == kind]
+
+
 def test_bad_input_is_one_line_and_changes_nothing(cluster):
     before = (cluster.status.nodes_wanted, dict(cluster.workers.jobs))
     for bad in (-1, 1.5, "three", True, 0):
@@ -93,8 +111,10 @@ def test_scale_1_3_1_under_a_workload_finishes_every_task(cluster):
     info = cluster.connection_info()
     address = f"ray://{info.head_ip}:{info.client_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    flag = Path(tempfile.mkdtemp(prefix="jsr-scale-", dir="/tmp")) / "go"
+    flag.parent.chmod(0o777)  # the tasks run as the test user
     workload = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(WORKLOAD), address, str(token)],
+        [sys.executable, "-c", textwrap.dedent(WORKLOAD), address, str(token), str(flag)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -107,16 +127,23 @@ def test_scale_1_3_1_under_a_workload_finishes_every_task(cluster):
         assert cluster.status.nodes_wanted == 3
         assert len(cluster.workers.active()) == 2
         wait_for(lambda: alive(cluster) == 3, QUEUE_WAIT, "3 nodes alive")
+        wait_for(lambda: len(hosts_running(flag.parent)) == 3, 60, "tasks on all 3 nodes")
         retired = [job.job_id for job in cluster.workers.active()]
-        cluster.scale(1)
+        with ThreadPoolExecutor(1) as pool:  # scale(1) returns once the drained jobs ended
+            scaling_in = pool.submit(cluster.scale, 1)
+            wait_for(lambda: len(events(cluster, "worker_draining")) == 2, 60, "both draining")
+            flag.touch()  # the tasks running on the draining nodes may finish now
+            released = time.time()
+            scaling_in.result(timeout=120)
         assert cluster.status.nodes_wanted == 1
         out, err = workload.communicate(timeout=300)
     finally:
         if workload.poll() is None:
             workload.kill()
+        shutil.rmtree(flag.parent, ignore_errors=True)
     result = last_json_line(out)
     assert result["done"] == list(range(24)), err[-2000:]
-    assert len(result["hosts"]) >= 2  # the worker jobs' nodes did work
+    assert len(result["hosts"]) == 3  # the worker jobs' nodes did work
     for job_id in retired:
         wait_for(lambda job_id=job_id: not in_queue(job_id), 60, f"worker job {job_id} to end")
         wait_for(
@@ -126,11 +153,12 @@ def test_scale_1_3_1_under_a_workload_finishes_every_task(cluster):
         )
     wait_for(lambda: alive(cluster) == 1, 30, "1 node alive")
     assert cluster.state is State.READY and cluster.status.nodes_lost == ()
-    ends = {e["worker_job"]: e for e in cluster.events if e.get("event") == "worker_stopped"}
-    drains = {e["worker_job"]: e for e in cluster.events if e.get("event") == "worker_draining"}
+    ends = {e["worker_job"]: e for e in events(cluster, "worker_stopped")}
+    drains = {e["worker_job"]: e for e in events(cluster, "worker_draining")}
     for job_id in retired:  # drained through Ray, not killed by the drain's timeout
         assert drains[job_id]["accepted"] is True
         assert ends[job_id]["reason"] == "drained: scaled in"
+        assert ends[job_id]["t"] > released  # Ray waited for the tasks running there
 
 
 def test_head_cancelled_from_outside_ends_every_worker_job(cluster):

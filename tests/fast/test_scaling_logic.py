@@ -17,7 +17,7 @@ from jupyter_slurm_ray.naming import (
     worker_job_comment,
 )
 from jupyter_slurm_ray.registry import ClusterRecord
-from jupyter_slurm_ray.scaling import checked_node_count
+from jupyter_slurm_ray.scaling import checked_node_count, worker_minutes
 from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.watch import watcher_for
@@ -53,6 +53,7 @@ async def test_scale_out_submits_tagged_one_node_worker_jobs_shown_pending(make_
         assert cluster_id_of_comment(job.comment) is None  # never taken for a head job
         script = Path(job.script_path).read_text()
         assert "#SBATCH --nodes=1" in script and " workerjob " in script
+        assert "#SBATCH --time=00:09:00" in script  # the head's 9:50 left, never more
     await until(
         lambda: [j.reason for j in cluster.status.worker_jobs_pending] == ["Priority"] * 2,
         5,
@@ -176,6 +177,13 @@ async def test_another_process_sees_the_worker_jobs_in_the_record(make_cluster, 
     assert list(other.workers.jobs) == list(cluster.workers.jobs)
     assert other.status.nodes_wanted == 2 and len(other.status.worker_jobs) == 1
     assert other.slurm_job_ids() == [cluster.job_id, *cluster.workers.jobs]
+
+
+def test_a_worker_jobs_walltime_is_the_heads_time_left_in_whole_minutes() -> None:
+    assert worker_minutes(590, at=1000.0, now=1000.0) == 9
+    assert worker_minutes(590, at=1000.0, now=1060.0) == 8  # counted down since the answer
+    assert worker_minutes(30, at=1000.0, now=1000.0) == 1
+    assert worker_minutes(None, at=1000.0, now=1000.0) is None  # unknown: the spec's
 
 
 def test_a_node_count_is_a_whole_number_from_the_heads_allocation_up() -> None:
