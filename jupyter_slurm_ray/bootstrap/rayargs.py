@@ -167,8 +167,16 @@ def plan_node(
 
 def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dict[str, str]:
     """The environment of this node's Ray processes: token auth on, the pinned metric ports,
-    the user's ``env``, and ``sitepath/`` first on PYTHONPATH (its sitecustomize defers imports
-    that cost seconds in each of Ray's processes; see there)."""
+    gRPC's fork handlers off, the user's ``env``, and ``sitepath/`` first on PYTHONPATH (its
+    sitecustomize defers imports that cost seconds in each of Ray's processes; see there).
+
+    gRPC's fork support: the Ray Client proxier forks (then execs) a server per client while
+    its gRPC threads are busy; with fork support on, gRPC's handlers start threads in the
+    child before its exec, and now and then the child dies of SIGSEGV there, which Ray Client
+    reports as "Starting Ray client server failed" 15-40 s later. Traced on the testbed
+    (strace -f on the proxier): on, 47 of 60 children started threads before their exec and
+    one died so; off, none of 40. The dashboard's forked module processes and the Jobs API
+    work with it off (the real tests use them)."""
     env = dict(os.environ)
     env.update(
         RAY_AUTH_MODE="token",
@@ -176,6 +184,7 @@ def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dic
         RAY_USAGE_STATS_ENABLED="0",
         AUTOSCALER_METRIC_PORT=str(ports["autoscaler_metrics"]),
         DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]),
+        GRPC_ENABLE_FORK_SUPPORT="0",
     )
     env.update({str(k): str(v) for k, v in config.env.items()})
     site = str(job_dir / "bootstrap" / "sitepath")

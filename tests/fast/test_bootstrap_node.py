@@ -175,3 +175,14 @@ def test_shipped_modules_are_stdlib_only_and_shadow_nothing() -> None:
             else:
                 continue
             assert all(top in ours or top in sys.stdlib_module_names for top in tops), (name, tops)
+
+
+def test_rays_processes_get_token_auth_and_no_grpc_fork_handlers(tmp_path: Path) -> None:
+    ports = {"autoscaler_metrics": 20001, "dashboard_metrics": 20002}
+    env = rayargs.ray_environment(Config(cluster_id="c-1"), tmp_path, ports)
+    assert env["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "ray_token")
+    assert env["GRPC_ENABLE_FORK_SUPPORT"] == "0"  # the Ray Client server's fork (see there)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "bootstrap" / "sitepath")
+    mine = Config(cluster_id="c-1", env={"GRPC_ENABLE_FORK_SUPPORT": "1"})
+    assert rayargs.ray_environment(mine, tmp_path, ports)["GRPC_ENABLE_FORK_SUPPORT"] == "1"
