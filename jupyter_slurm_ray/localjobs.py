@@ -5,10 +5,12 @@ that ``cluster.py``, the watcher, the inventory and the server only pick the sch
 transport (:func:`scheduler_for`). The same job script and bootstrap run, one node:
 
 - ``submit`` reads the script's ``#SBATCH`` lines (walltime, CPUs, memory, the warning signal)
-  as sbatch would and starts a *runner* (a constant bash program, below) in a new session:
-  the job id is ``local-<runner pid>``. The runner sets the ``SLURM_*`` variables the bootstrap
-  reads (one node, this host), writes the job's output to ``slurm-<job>.out/.err`` in the job
-  dir, sends SIGUSR1 at the walltime warning and ends the job at its walltime (TIMEOUT).
+  as sbatch would and starts a *runner* (a constant Python program, below, run by this
+  kernel's interpreter) in a new session: the job id is ``local-<runner pid>``. The runner
+  sets the ``SLURM_*`` variables the bootstrap reads (one node, this host) and
+  ``JSR_LOCAL_MODE=1`` (then the bootstrap asks no ``scontrol``; one node needs no ``srun``),
+  writes the job's output to ``slurm-<job>.out/.err`` in the job dir, sends SIGUSR1 at the
+  walltime warning and ends the job at its walltime (TIMEOUT), with a grace before SIGKILL.
 - ``query`` reads each job's files in the user's ``~/.jupyter-slurm-ray/local-jobs``: the
   runner's identity (its start time, against PID reuse) and, once it ended, its final state
   and exit status; a runner that vanished without one is FAILED.
@@ -77,7 +79,7 @@ env = dict(os.environ, SLURM_JOB_ID=job_id, SLURM_JOBID=job_id, SLURM_JOB_NUM_NO
            SLURM_NNODES="1", SLURM_NTASKS="1", SLURM_NODEID="0", SLURM_PROCID="0",
            SLURM_LOCALID="0", SLURM_CPUS_ON_NODE=cpus, SLURM_JOB_CPUS_PER_NODE=cpus,
            SLURM_SUBMIT_DIR=job_dir, SLURMD_NODENAME=host, SLURM_JOB_NODELIST=host,
-           SLURM_NODELIST=host, SLURM_CLUSTER_NAME="local-mode")
+           SLURM_NODELIST=host, SLURM_CLUSTER_NAME="local-mode", JSR_LOCAL_MODE="1")
 if mem:
     env["SLURM_MEM_PER_NODE"] = mem
 state, kill_at, warned, begun, job = None, None, False, time.monotonic(), None

@@ -57,7 +57,8 @@ class HeadRun(NodeRun):
         srun = (
             require_command("srun", "it starts Ray on the other nodes") if self.wanted > 1 else ""
         )
-        toward = slurmctld_address()
+        # local mode (localjobs.py: one node, no Slurm) has no controller to route toward
+        toward = None if os.environ.get("JSR_LOCAL_MODE") == "1" else slurmctld_address()
         self.start_head(ray, toward)
         if self.wanted > 1:
             self.events.phase("workers_starting", workers=self.wanted - 1)

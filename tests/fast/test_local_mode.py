@@ -134,7 +134,7 @@ JOB = """#!/bin/bash
 #SBATCH --signal=B:USR1@{warning}
 trap 'echo warned; exit 7' USR1
 trap 'echo terminated; exit 0' TERM
-echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST with $SLURM_CPUS_ON_NODE cpus"
+echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST with $SLURM_CPUS_ON_NODE cpus, $JSR_LOCAL_MODE"
 {body}
 """
 
@@ -169,7 +169,7 @@ async def test_a_job_runs_with_the_slurm_variables_of_one_node_and_its_exit_is_k
     assert is_local_job_id(job_id)
     assert await ended(jobs, job_id) == "FAILED 3"
     out = Path(directory, f"slurm-{job_id}.out").read_text()
-    assert f"job {job_id} on " in out and f"with {os.cpu_count()} cpus" in out
+    assert f"job {job_id} on " in out and f"with {os.cpu_count()} cpus, 1" in out
 
 
 async def test_cancel_is_scancels_sigterm_and_leaves_nothing(
