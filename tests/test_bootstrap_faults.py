@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -219,12 +220,13 @@ def test_a_job_whose_owner_is_gone_never_starts_ray(jobs: list[JobDir]) -> None:
         assert_nothing_started(job)
         assert job.path.joinpath(f"slurm-{job.job_id}.err").read_text().count("Traceback") == 0
     gone = next(e for e in left_long_ago.events() if e["event"] == "owner_gone")
-    assert gone["reason"] == (
-        "the owner's lease was last renewed 3:12:05 ago (idle_timeout 300 s): "
-        "the owner is gone, Ray was not started"
-    )
-    assert 3 * 3600 + 725 <= gone["lease_age"] < 3 * 3600 + 800
-    assert 7 <= gone["t"] - left_long_ago.events()[0]["t"] < 9  # 2 * renew_every + 3
+    assert 3 * 3600 + 725 <= gone["lease_age"] < 3 * 3600 + 800  # plus the time in the queue
+    assert re.fullmatch(
+        r"the owner's lease was last renewed 3:1[2-3]:\d\d ago \(idle_timeout 300 s\): "
+        r"the owner is gone, Ray was not started",
+        gone["reason"],
+    ), gone["reason"]
+    assert gone["t"] - left_long_ago.events()[0]["t"] >= 7  # it waited 2 * renew_every + 3 s
     gone = next(e for e in old_format.events() if e["event"] == "owner_gone")
     assert gone["lease_age"] is None and "has no renewal time" in gone["reason"]
 
