@@ -76,183 +76,221 @@ async function pickCluster(
     : null;
 }
 
+/** A picked cluster: its id, name and how to name it in a dialog. */
+interface IPicked {
+  id: string;
+  name?: string;
+  label: string;
+}
+
+/**
+ * A command that acts on one cluster: the one in its arguments (the sidebar's buttons), or
+ * the one the user names (the palette); nothing happens when none is picked.
+ */
+function clusterCommand(
+  app: JupyterFrontEnd,
+  ctx: ICommandContext,
+  label: string,
+  caption: string,
+  action: (picked: IPicked, args: Record<string, unknown>) => unknown
+) {
+  return {
+    label,
+    caption,
+    execute: async (args: Record<string, unknown>) => {
+      const picked = await pickCluster(app, ctx, args as IClusterArgs);
+      if (!picked?.id) {
+        return;
+      }
+      const named = picked.name ? `${picked.name} (${picked.id})` : picked.id;
+      await action({ id: picked.id, name: picked.name, label: named }, args);
+    }
+  };
+}
+
 export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
   const { commands } = app;
 
-  commands.addCommand(CommandIDs.openDashboard, {
-    label: 'Slurm Ray: Open Dashboard',
-    caption: 'Open the Ray dashboard of the cluster in a tab',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (picked?.id) {
-        await openDashboard(app, picked.id, picked.name);
-      }
-    }
-  });
+  commands.addCommand(
+    CommandIDs.openDashboard,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Open Dashboard',
+      'Open the Ray dashboard of the cluster in a tab',
+      picked => openDashboard(app, picked.id, picked.name)
+    )
+  );
 
-  commands.addCommand(CommandIDs.stop, {
-    label: 'Slurm Ray: Stop Cluster…',
-    caption: 'Cancel the Slurm job of the cluster',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (!picked?.id) {
-        return;
+  commands.addCommand(
+    CommandIDs.stop,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Stop Cluster…',
+      'Cancel the Slurm job of the cluster',
+      async picked => {
+        const label = picked.label;
+        const result = await showDialog({
+          title: 'Stop the cluster?',
+          body: `This cancels the Slurm job of ${label}. Work running on it is lost.`,
+          buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
+        });
+        if (!result.button.accept) {
+          return;
+        }
+        try {
+          const stopped = await stopCluster(picked.id);
+          Notification.success(`${label} is ${stopped.state}.`, { autoClose: 5000 });
+        } catch (error) {
+          await showErrorMessage('Could not stop the cluster', (error as Error).message);
+        }
+        await ctx.refresh();
       }
-      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
-      const result = await showDialog({
-        title: 'Stop the cluster?',
-        body: `This cancels the Slurm job of ${label}. Work running on it is lost.`,
-        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
-      });
-      if (!result.button.accept) {
-        return;
-      }
-      try {
-        const stopped = await stopCluster(picked.id);
-        Notification.success(`${label} is ${stopped.state}.`, { autoClose: 5000 });
-      } catch (error) {
-        await showErrorMessage('Could not stop the cluster', (error as Error).message);
-      }
-      await ctx.refresh();
-    }
-  });
+    )
+  );
 
-  commands.addCommand(CommandIDs.forget, {
-    label: 'Slurm Ray: Forget Ended Cluster…',
-    caption: 'Delete the record of an ended cluster (or an unreadable record) from the registry',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (!picked?.id) {
-        return;
+  commands.addCommand(
+    CommandIDs.forget,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Forget Ended Cluster…',
+      'Delete the record of an ended cluster (or an unreadable record) from the registry',
+      async picked => {
+        const label = picked.label;
+        const result = await showDialog({
+          title: 'Forget the cluster?',
+          body: `This deletes the record of ${label}: it leaves this list, and %slurm_ray attach no longer finds it. Its job directory and logs stay where they are.`,
+          buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Forget' })]
+        });
+        if (!result.button.accept) {
+          return;
+        }
+        try {
+          await forgetCluster(picked.id);
+          ctx.remove(picked.id);
+          Notification.success(`Forgot ${label}.`, { autoClose: 5000 });
+        } catch (error) {
+          const title =
+            error instanceof ApiError && error.status === 409
+              ? `${label} is still active`
+              : 'Could not forget the cluster';
+          await showErrorMessage(title, (error as Error).message);
+        }
+        await ctx.refresh();
       }
-      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
-      const result = await showDialog({
-        title: 'Forget the cluster?',
-        body: `This deletes the record of ${label}: it leaves this list, and %slurm_ray attach no longer finds it. Its job directory and logs stay where they are.`,
-        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Forget' })]
-      });
-      if (!result.button.accept) {
-        return;
-      }
-      try {
-        await forgetCluster(picked.id);
-        ctx.remove(picked.id);
-        Notification.success(`Forgot ${label}.`, { autoClose: 5000 });
-      } catch (error) {
-        const title =
-          error instanceof ApiError && error.status === 409
-            ? `${label} is still active`
-            : 'Could not forget the cluster';
-        await showErrorMessage(title, (error as Error).message);
-      }
-      await ctx.refresh();
-    }
-  });
+    )
+  );
 
-  commands.addCommand(CommandIDs.copyAttach, {
-    label: 'Slurm Ray: Copy %slurm_ray attach Command',
-    caption: 'Copy the magic that attaches a notebook to this cluster',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (picked?.id) {
+  commands.addCommand(
+    CommandIDs.copyAttach,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Copy %slurm_ray attach Command',
+      'Copy the magic that attaches a notebook to this cluster',
+      picked => {
         const text = `%slurm_ray attach ${picked.name ?? picked.id}`;
         Clipboard.copyToSystem(text);
         Notification.info(`Copied: ${text}`, { autoClose: 3000 });
       }
-    }
-  });
+    )
+  );
 
-  commands.addCommand(CommandIDs.showLogs, {
-    label: 'Slurm Ray: Show Logs',
-    caption: 'Show the bootstrap events and job output of the cluster',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (picked?.id) {
-        await showLogs(app, picked.id, picked.name);
-      }
-    }
-  });
+  commands.addCommand(
+    CommandIDs.showLogs,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Show Logs',
+      'Show the bootstrap events and job output of the cluster',
+      picked => showLogs(app, picked.id, picked.name)
+    )
+  );
 
-  commands.addCommand(CommandIDs.showDetails, {
-    label: 'Slurm Ray: Show Cluster Details',
-    caption: 'Why it waits, its walltime, and what it used (CPU- and GPU-hours, memory)',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (picked?.id) {
-        await showDetails(app, picked.id, picked.name, CommandIDs.extend, commands);
-      }
-    }
-  });
+  commands.addCommand(
+    CommandIDs.showDetails,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Show Cluster Details',
+      'Why it waits, its walltime, and what it used (CPU- and GPU-hours, memory)',
+      picked => showDetails(app, picked.id, picked.name, CommandIDs.extend, commands)
+    )
+  );
 
-  commands.addCommand(CommandIDs.extend, {
-    label: 'Slurm Ray: Extend Walltime…',
-    caption: "Add walltime to the cluster's Slurm job (if the site allows it)",
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (!picked?.id) {
-        return;
-      }
-      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
-      const amount = await InputDialog.getText({
-        title: `Extend the walltime of ${label}`,
-        label: 'Walltime to add: +30 (minutes) or a Slurm duration like +1:00:00',
-        text: '+30'
-      });
-      if (!amount.button.accept || !amount.value) {
-        return;
-      }
-      try {
-        const extended = await extendCluster(picked.id, amount.value);
-        Notification.success(`${label}: walltime extended, ${hms(extended.time_left)} left.`, {
-          autoClose: 8000
+  commands.addCommand(
+    CommandIDs.extend,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Extend Walltime…',
+      "Add walltime to the cluster's Slurm job (if the site allows it)",
+      async picked => {
+        const label = picked.label;
+        const amount = await InputDialog.getText({
+          title: `Extend the walltime of ${label}`,
+          label: 'Walltime to add: +30 (minutes) or a Slurm duration like +1:00:00',
+          text: '+30'
         });
-      } catch (error) {
-        const refused = error instanceof ApiError && error.status === 403;
-        const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
-        await showErrorMessage(
-          refused
-            ? 'Slurm refused to extend the walltime'
-            : `Could not extend the walltime${field}`,
-          (error as Error).message
-        );
+        if (!amount.button.accept || !amount.value) {
+          return;
+        }
+        try {
+          const extended = await extendCluster(picked.id, amount.value);
+          Notification.success(`${label}: walltime extended, ${hms(extended.time_left)} left.`, {
+            autoClose: 8000
+          });
+        } catch (error) {
+          const refused = error instanceof ApiError && error.status === 403;
+          const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
+          await showErrorMessage(
+            refused
+              ? 'Slurm refused to extend the walltime'
+              : `Could not extend the walltime${field}`,
+            (error as Error).message
+          );
+        }
+        await ctx.refresh();
       }
-      await ctx.refresh();
-    }
-  });
+    )
+  );
 
-  commands.addCommand(CommandIDs.scale, {
-    label: 'Slurm Ray: Scale…',
-    caption: 'Ray nodes in all: the head allocation plus one-node worker jobs',
-    execute: async args => {
-      const picked = await pickCluster(app, ctx, args as IClusterArgs);
-      if (!picked?.id) {
-        return;
+  commands.addCommand(
+    CommandIDs.scale,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Scale…',
+      'Ray nodes in all: the head allocation plus one-node worker jobs',
+      async (picked, args) => {
+        const label = picked.label;
+        const wanted = typeof args.nodes === 'number' ? args.nodes : 1;
+        const nodes = await InputDialog.getNumber({
+          title: `Scale ${label}`,
+          label: 'Ray nodes in all (pending worker jobs go first; running ones are drained)',
+          value: wanted
+        });
+        if (!nodes.button.accept || nodes.value === null) {
+          return;
+        }
+        try {
+          const scaled = await scaleCluster(picked.id, nodes.value);
+          Notification.success(
+            scaled.applied
+              ? `${label}: scaling to ${nodes.value} nodes.`
+              : `${label}: scaling to ${nodes.value} nodes was asked of its owner.`,
+            { autoClose: 8000 }
+          );
+        } catch (error) {
+          const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
+          await showErrorMessage(`Could not scale${field}`, (error as Error).message);
+        }
+        await ctx.refresh();
       }
-      const label = picked.name ? `${picked.name} (${picked.id})` : picked.id;
-      const wanted = typeof args.nodes === 'number' ? args.nodes : 1;
-      const nodes = await InputDialog.getNumber({
-        title: `Scale ${label}`,
-        label: 'Ray nodes in all (pending worker jobs go first; running ones are drained)',
-        value: wanted
-      });
-      if (!nodes.button.accept || nodes.value === null) {
-        return;
-      }
-      try {
-        const scaled = await scaleCluster(picked.id, nodes.value);
-        Notification.success(
-          scaled.applied
-            ? `${label}: scaling to ${nodes.value} nodes.`
-            : `${label}: scaling to ${nodes.value} nodes was asked of its owner.`,
-          { autoClose: 8000 }
-        );
-      } catch (error) {
-        const field = error instanceof ApiError && error.field ? ` (${error.field})` : '';
-        await showErrorMessage(`Could not scale${field}`, (error as Error).message);
-      }
-      await ctx.refresh();
-    }
-  });
+    )
+  );
 
   commands.addCommand(CommandIDs.doctor, {
     label: 'Slurm Ray: Doctor',
