@@ -26,11 +26,12 @@ from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport
 
 from .helpers.clusters import TEST_SPEC
+from .helpers.ipyshell import one_line_error
 from .helpers.jobs import job_fields, jobs_named
 from .helpers.site import configured_site
 from .helpers.testbed import USER, runuser
 from .helpers.waiting import wait_for
-from .test_magics import Shell, one_line_error
+from .test_magics import Shell
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 

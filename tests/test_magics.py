@@ -24,6 +24,7 @@ from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
 
+from .helpers.ipyshell import one_line_error
 from .helpers.jobs import job_fields, jobs_named
 from .helpers.site import configured_site
 from .helpers.waiting import wait_for
@@ -53,14 +54,6 @@ class Shell:
         result = self.ip.run_cell(cell)
         out, err = capfd.readouterr()
         return out, err, result.error_in_exec
-
-
-def one_line_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    assert lines[0].startswith("UsageError: ")
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ report on demand (Slurm silent, a node lost) is shown from a listing the test se
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -19,18 +18,12 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect
 
-from tests.helpers.server import JupyterServer, jupyter_server, start_cluster
+from tests.helpers.server import JupyterServer, jupyter_lab, start_cluster
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lab")
-    notification = root / "settings" / "@jupyterlab" / "apputils-extension"
-    notification.mkdir(parents=True)
-    (notification / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    return root
+    return tmp_path_factory.mktemp("lab")
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +35,7 @@ def cluster(root, testbed_user):
 
 @pytest.fixture(scope="module")
 def lab(root, testbed_user, cluster) -> Iterator[JupyterServer]:
-    args = (
-        f"--LabApp.user_settings_dir={root / 'settings'}",
-        f"--LabApp.workspaces_dir={root / 'workspaces'}",
-    )
-    with jupyter_server(root, testbed_user, app="jupyterlab", extra_args=args) as server:
+    with jupyter_lab(root, testbed_user) as server:
         yield server
 
 

@@ -8,7 +8,6 @@ are submitted as the test user.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -19,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.helpers.paths import REPO
-from tests.helpers.server import JupyterServer, jupyter_server
+from tests.helpers.server import JupyterServer, jupyter_lab
 from tests.helpers.site import cancel_recorded_jobs, kernel_environment
 
 UP_TIMEOUT_MS = 240_000
@@ -29,21 +28,12 @@ UP_TIMEOUT_MS = 240_000
 def lab(tmp_path_factory, testbed_user: str) -> Iterator[JupyterServer]:
     root = tmp_path_factory.mktemp("quickstart-lab")
     shutil.copy(REPO / "notebooks" / "quickstart.ipynb", root)
-    settings = root / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    args = (
-        f"--LabApp.user_settings_dir={root / 'settings'}",
-        f"--LabApp.workspaces_dir={root / 'workspaces'}",
-    )
     kernel_settings = kernel_environment(root)  # the server points the state dir at root/state
     with pytest.MonkeyPatch.context() as patch:
         for name, value in kernel_settings.items():
             patch.setenv(name, value)
         try:
-            with jupyter_server(root, testbed_user, app="jupyterlab", extra_args=args) as server:
+            with jupyter_lab(root, testbed_user) as server:
                 yield server
         finally:
             cancel_recorded_jobs(root / "state")

@@ -11,7 +11,6 @@ so its two minutes are spent in front of the page.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,29 +24,19 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 from tests.helpers.clusters import cluster_spec
 from tests.helpers.jobs import queue_state
-from tests.helpers.server import JupyterServer, jupyter_server
+from tests.helpers.server import JupyterServer, jupyter_lab
 from tests.helpers.testbed import runuser
 from tests.helpers.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("walltime-lab")
-    notification = root / "settings" / "@jupyterlab" / "apputils-extension"
-    notification.mkdir(parents=True)
-    (notification / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    return root
+    return tmp_path_factory.mktemp("walltime-lab")
 
 
 @pytest.fixture(scope="module")
 def lab(root, testbed_user) -> Iterator[JupyterServer]:
-    args = (
-        f"--LabApp.user_settings_dir={root / 'settings'}",
-        f"--LabApp.workspaces_dir={root / 'workspaces'}",
-    )
-    with jupyter_server(root, testbed_user, app="jupyterlab", extra_args=args) as server:
+    with jupyter_lab(root, testbed_user) as server:
         yield server
 
 

@@ -96,11 +96,31 @@ def test_configured_lock_dir_gets_a_lock_and_claims_others_can_read(tmp_path: Pa
     assert not list(lock_dir.glob("*.claim"))
 
 
+def free_ports_below_the_ephemeral_range(count: int) -> int:
+    """The first of ``count`` consecutive ports that bind now, below the ephemeral range (so
+    that no outgoing connection of another process takes one of them meanwhile)."""
+    for base in range(30000, 32000, count):
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise AssertionError(f"no {count} free consecutive ports from 30000 to 32000")
+
+
 def test_fixed_block_names_the_busy_port(tmp_path: Path) -> None:
     with socket.socket() as listener:
-        listener.bind(("", 0))
+        busy = free_ports_below_the_ephemeral_range(40) + 2
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("", busy))
         listener.listen()
-        busy = listener.getsockname()[1]
         with pytest.raises(
             BootstrapError, match=rf"port {busy} \(object_manager\) is already in use"
         ):

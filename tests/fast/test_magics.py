@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
-from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.magic_args import SUBCOMMANDS, ArgumentError, HelpRequested, parse
-from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
 
 from ..helpers.fakeslurm import FakeSlurm
+from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
+from ..helpers.ipyshell import MagicShell, one_line_error
 
 
 # -- the command line alone -------------------------------------------------------------------
@@ -62,59 +60,19 @@ def test_only_up_takes_a_cell_body():
 
 
 # -- in an IPython shell ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ipython(tmp_path_factory) -> Iterator[InteractiveShell]:
-    """One IPython shell for this module: no history file, its profile in a tmp dir."""
-    config = Config({"HistoryManager": {"enabled": False}})
-    ipython_dir = tmp_path_factory.mktemp("ipython")
-    shell = InteractiveShell.instance(config=config, ipython_dir=str(ipython_dir))
-    yield shell
-    InteractiveShell.clear_instance()
-
-
-class Shell:
-    """The shell with the magics of a fresh kernel session; ``run`` returns (stdout, stderr,
-    the error the cell raised)."""
-
-    def __init__(self, ip: InteractiveShell, capsys) -> None:
-        self.ip, self.capsys = ip, capsys
-        self.magics = SlurmRayMagics(ip)
-        ip.register_magics(self.magics)
-
-    def run(self, cell: str) -> tuple[str, str, BaseException | None]:
-        self.capsys.readouterr()
-        result = self.ip.run_cell(cell)
-        out, err = self.capsys.readouterr()
-        return out, err, result.error_in_exec
+@pytest.fixture
+def ipython(ipython_shell) -> InteractiveShell:
+    return ipython_shell
 
 
 @pytest.fixture
-def shell(ipython, site, capsys, monkeypatch) -> Iterator[Shell]:
-    """The magics on the fake site, with the profile ``testbed`` as the default profile."""
-    monkeypatch.setattr(session_module, "_session", None)  # a fresh kernel session
-    shell = Shell(ipython, capsys)
-    shell.run('%config SlurmRay.default_profile = "testbed"')
-    yield shell
-    shell.run("%config SlurmRay.default_profile = None")
-    ipython.config.pop("SlurmRay", None)  # nothing of this test's %config for the next one
-
-
-@pytest.fixture
-def run(shell: Shell):
-    return shell.run
+def run(magic: MagicShell):
+    return magic.run
 
 
 @pytest.fixture
 def name() -> str:
     return "m" + uuid.uuid4().hex[:8]
-
-
-def one_line_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    assert lines[0].startswith("UsageError: ")
-    return lines[0]
 
 
 def nothing_submitted(slurm: FakeSlurm, name: str) -> bool:
@@ -203,10 +161,10 @@ def test_config_shows_each_setting_and_its_source(run, slurm):
     assert slurm.calls == []  # config asks Slurm nothing
 
 
-def test_percent_config_sets_a_setting(run, shell):
+def test_percent_config_sets_a_setting(run, magic):
     run('%config SlurmRay.account = "proj9"')
     out, _, _ = run("%slurm_ray config")
-    assert shell.magics.settings.account == "proj9"
+    assert magic.magics.settings.account == "proj9"
     assert re.search(r"^account\s+'proj9'\s+config SlurmRay.account$", out, re.M)
 
 

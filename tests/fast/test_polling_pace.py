@@ -17,6 +17,14 @@ from ..helpers.waiting import until
 from .conftest import emit, write_connection
 
 
+def paced_cluster(transport, registry, jobs_root) -> SlurmRayCluster:
+    """A cluster whose watch ticks every 50 ms and, once up, asks Slurm only every hour."""
+    spec = ClusterSpec(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
+    return SlurmRayCluster(
+        spec, transport, registry=registry, poll_interval=0.05, steady_poll_interval=3600
+    )
+
+
 def squeues(slurm) -> int:
     return sum(1 for call in slurm.calls if call[0] == "squeue")
 
@@ -24,10 +32,7 @@ def squeues(slurm) -> int:
 async def test_a_steady_cluster_asks_slurm_seldom_and_at_once_on_news(
     transport, registry, jobs_root, slurm
 ):
-    spec = ClusterSpec(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
-    cluster = SlurmRayCluster(
-        spec, transport, registry=registry, poll_interval=0.05, steady_poll_interval=3600
-    )
+    cluster = paced_cluster(transport, registry, jobs_root)
     try:
         await cluster.up_async(wait=False)
         slurm.run(cluster.job_id)
@@ -94,10 +99,7 @@ async def test_the_inventory_takes_the_queue_a_kernel_just_asked_for(registry, t
 async def test_a_pending_job_asks_slurm_seldom_but_notices_its_start_at_once(
     transport, registry, jobs_root, slurm
 ):
-    spec = ClusterSpec(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
-    cluster = SlurmRayCluster(
-        spec, transport, registry=registry, poll_interval=0.05, steady_poll_interval=3600
-    )
+    cluster = paced_cluster(transport, registry, jobs_root)
     try:
         await cluster.up_async(wait=False)
         await until(lambda: cluster.status.reason == "Priority", 5, "PENDING, asked once")

@@ -1,7 +1,4 @@
-"""The ``%slurm_ray`` magics in a real IPython shell, for fast tests of what the magics print.
-
-(tests/fast/test_magics.py keeps its own copy of these fixtures; new tests use these.)
-"""
+"""The ``%slurm_ray`` magics in a real IPython shell, for fast tests of what the magics print."""
 
 from __future__ import annotations
 

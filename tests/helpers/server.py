@@ -117,6 +117,23 @@ def jupyter_server(
         stop_process(proc)
 
 
+@contextlib.contextmanager
+def jupyter_lab(root: Path, user: str) -> Iterator[JupyterServer]:
+    """JupyterLab (``jupyter_server`` with ``app="jupyterlab"``) with its settings and
+    workspaces under ``root``, and no news or update checks (this machine has no Internet)."""
+    quiet = root / "settings" / "@jupyterlab" / "apputils-extension"
+    quiet.mkdir(parents=True, exist_ok=True)
+    (quiet / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    args = (
+        f"--LabApp.user_settings_dir={root / 'settings'}",
+        f"--LabApp.workspaces_dir={root / 'workspaces'}",
+    )
+    with jupyter_server(root, user, app="jupyterlab", extra_args=args) as server:
+        yield server
+
+
 def _wait_until_up(server: JupyterServer, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
