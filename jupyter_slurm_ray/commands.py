@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .aio import run_sync
 from .config import resolve_spec
-from .doctor import Report, run_doctor
 from .errors import SlurmRayError
 from .formatting import extension_line, status_line
 from .inventory import Entry, Orphan, find_orphans, format_table
@@ -18,6 +17,9 @@ from .scaling import checked_node_count
 from .session import Session
 from .slurm import SlurmClient
 from .walltime import parse_extension
+
+if TYPE_CHECKING:
+    from .doctor import Report
 
 __all__ = [
     "add_arguments",
@@ -180,6 +182,8 @@ def doctor(
 ) -> Report:
     """The checklist for the request these settings mean (as ``up`` would resolve them), with
     one short test job on a compute node (always cancelled)."""
+    from .doctor import run_doctor  # its checks are imported when asked for, not with the magics
+
     spec, _ = resolve_spec(arguments, profile=profile, config=session.config)
     if setup:
         spec = spec.replace(setup=(*spec.setup, *setup))

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from .errors import SlurmError, SlurmRayError, TransportError
-from .jobscript import _env_section, _setup_section
+from .jobscript import env_section, setup_section
 from .slurm import SlurmClient
 from .spec import ClusterSpec
 from .transport import Transport
@@ -144,7 +144,7 @@ def _bootstrap_sources() -> dict[str, str]:
 
 
 def _step_script(spec: ClusterSpec) -> str:
-    lines = [*_EXCHANGE, *_env_section(spec.env), *_setup_section(spec.setup), 'exec "$@"']
+    lines = [*_EXCHANGE, *env_section(spec.env), *setup_section(spec.setup), 'exec "$@"']
     return "\n".join(lines) + "\n"
 
 

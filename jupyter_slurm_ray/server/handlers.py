@@ -89,6 +89,13 @@ class _ClustersHandler(APIHandler):
         view["dashboard_url"] = url_path_join(self.base_url, DASHBOARD_PREFIX, view["id"]) + "/"
         return view
 
+    def _json_body(self) -> Any:
+        """The request's JSON body (``{}`` when empty); a 400 naming ``body`` when not JSON."""
+        try:
+            return json.loads(self.request.body or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+
     def _int_argument(self, name: str, default: int, high: int) -> int:
         text = self.get_argument(name, str(default))
         if not text.isdigit() or not 0 < int(text) <= high:
@@ -111,10 +118,7 @@ class ClusterListHandler(_ClustersHandler):
 
     @web.authenticated
     async def post(self) -> None:
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError as exc:
-            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+        body = self._json_body()
         with _as_http_errors():
             view = await self.manager.create(body)
         self.set_status(201)
@@ -151,10 +155,7 @@ class ExtendHandler(_ClustersHandler):
 
     @web.authenticated
     async def post(self, cluster_id: str) -> None:
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError as exc:
-            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+        body = self._json_body()
         with _as_http_errors():
             view = await self.manager.extend(cluster_id, body)
         self.finish(json.dumps(self._with_links(view)))
@@ -166,10 +167,7 @@ class ScaleHandler(_ClustersHandler):
 
     @web.authenticated
     async def post(self, cluster_id: str) -> None:
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError as exc:
-            raise ApiError(400, f"the request body is not JSON: {exc}", "body") from None
+        body = self._json_body()
         with _as_http_errors():
             view, applied = await self.manager.scale(cluster_id, body)
         self.set_status(200 if applied else 202)
