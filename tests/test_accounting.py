@@ -220,7 +220,7 @@ def test_the_usage_of_a_known_workload_matches_sacct(connected, run, capfd):
         return spins
 
     assert ray.get(burn.remote(20)) > 0
-    _, err, error = run(f"%slurm_ray down {name}")
+    down_out, err, error = run(f"%slurm_ray down {name}")
     assert error is None, err
     job_id = cluster.job_id
     expected = wait_for(
@@ -237,7 +237,7 @@ def test_the_usage_of_a_known_workload_matches_sacct(connected, run, capfd):
     assert usage.cpu_efficiency == pytest.approx(expected["efficiency"], rel=1e-6)
     assert usage.max_rss == expected["max_rss"]
     summary = f"{name} (STOPPED): used "
-    seen = [""]
+    seen = [down_out]  # the live view may print it while down still runs
 
     def printed() -> bool:
         seen[0] += capfd.readouterr().out
