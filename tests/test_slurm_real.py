@@ -86,8 +86,10 @@ async def test_impossible_job_stays_pending_with_slurms_reason_and_cancel_works(
 async def test_final_state_and_exit_code_outlive_squeue(local, unique_name, cancel_jobs):
     """MinJobAge is short on the testbed, so squeue forgets jobs quickly; sacct -c remembers."""
     slurm, job_id = await submit(local, unique_name, ["sh", "-c", "exit 3"], cancel_jobs)
-    seen = await watch_until(slurm, job_id, lambda i: i.is_final)
-    assert (seen[-1].state, seen[-1].exit_code) == ("FAILED", 3)
+    # squeue may show FAILED a moment before the exit code: wait for the code as well
+    await watch_until(slurm, job_id, lambda i: i.is_final and (i.exit_code or i.state != "FAILED"))
+    final = (await slurm.query([job_id]))[job_id]
+    assert (final.state, final.exit_code) == ("FAILED", 3)
     deadline = time.monotonic() + 150
     while job_id in await slurm._squeue([job_id]):
         assert time.monotonic() < deadline, "squeue never forgot the job"
