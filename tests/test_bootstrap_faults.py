@@ -369,7 +369,6 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
     unavailable = job.wait_for_event(lambda e: e["event"] == "port_lock_unavailable", 60)
-    hostile_node[0].leave()  # the clusters of other suites need not wait for it too
     assert unavailable["reason"] == (
         f"the port lock {SHARED}/lock stayed locked for 10 s by pid {hostile_node[0].process.pid} "
         f"(uid {user_uid(BOB)}); going on without it (every port is still probed)"
@@ -384,6 +383,7 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     assert claim_file.owner() == "alice" and claim_file.stat().st_mode & 0o777 == 0o644
 
     connection = job.wait_ready(90)
+    hostile_node[0].leave()  # only now: until the ports are final, bob's port must stay taken
     ports = set(connection["ports"].values())
     assert low + 30 not in ports and low <= min(ports) and max(ports) <= high
     cancel_and_check_cleanup(job, str(SHARED))
