@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urljoin
 
 import psutil
 import requests
@@ -44,6 +48,28 @@ def median_ms(fetch: Callable[[], requests.Response], repeats: int) -> float:
 
 
 def throughput(url: str, headers: dict[str, str], clients: int, seconds: float) -> float:
+    """Requests per second with ``clients`` connections: by wrk (one thread; its CPU cost is
+    small beside the servers'), else by as many Python threads (their own CPU cost, on a small
+    machine, then shows in the figures)."""
+    if shutil.which("wrk"):
+        return wrk_rate(url, headers, clients, seconds)
+    return threads_rate(url, headers, clients, seconds)
+
+
+def wrk_rate(url: str, headers: dict[str, str], clients: int, seconds: float) -> float:
+    argv = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s"]
+    for name, value in headers.items():
+        argv += ["-H", f"{name}: {value}"]
+    out = subprocess.run([*argv, url], capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out:
+        raise RuntimeError(f"wrk got errors from {url}:\n{out}")
+    match = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    if match is None:
+        raise RuntimeError(f"no rate in wrk's output:\n{out}")
+    return float(match.group(1))
+
+
+def threads_rate(url: str, headers: dict[str, str], clients: int, seconds: float) -> float:
     """Requests per second completed by ``clients`` threads, each with its own session."""
     done = [0] * clients
     stop = time.monotonic() + seconds
@@ -61,6 +87,15 @@ def throughput(url: str, headers: dict[str, str], clients: int, seconds: float) 
     for thread in threads:
         thread.join()
     return sum(done) / (time.monotonic() - started)
+
+
+def sandboxed_url(server, cluster_id: str) -> str:
+    """The capability URL a logged-in user's dashboard tab is given (ends with a slash)."""
+    minted = requests.post(
+        f"{server.url}slurm-ray/dashboard-links/{cluster_id}", headers=server.headers(), timeout=30
+    )
+    minted.raise_for_status()
+    return urljoin(server.url, minted.json()["url"])
 
 
 def memory_mb(pid: int) -> tuple[float, float]:
@@ -85,33 +120,51 @@ def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float)
     head = head_of(cluster)
     proxied = f"{server.url}slurm-ray/dashboard/{cluster.id}/"
     jupyter, ray_auth = server.headers(), head.headers()
+    sandboxed = sandboxed_url(server, cluster.id)
     proxy_session, direct_session = requests.Session(), requests.Session()
     print(f"cluster {cluster.id} (job {cluster.job_id}), head {head.url}, proxy {proxied}")
     print(
-        f"{'':20}{'direct ms':>10}{'direct new conn':>16}{'proxy ms':>10}{'ratio':>7}"
-        f"   (medians of {repeats}; ratio = proxy / direct)"
+        f"{'':20}{'direct ms':>10}{'direct new conn':>16}{'page ms':>10}{'ratio':>7}"
+        f"{'token ms':>10}{'ratio':>7}"
+    )
+    print(
+        f"   (medians of {repeats}; ratio = proxy / direct; page: the sandboxed capability URL "
+        "the dashboard tab uses; token: the script's route with Jupyter's token)"
     )
     for path in ("api/cluster_status", ""):
         direct = median_ms(
             lambda p=path: direct_session.get(head.url + p, headers=head.headers()), repeats
         )
         fresh = median_ms(lambda p=path: requests.get(head.url + p, headers=ray_auth), repeats)
+        page = median_ms(lambda p=path: proxy_session.get(sandboxed + p), repeats)
         through = median_ms(lambda p=path: proxy_session.get(proxied + p, headers=jupyter), repeats)
         label = path or "index.html"
-        print(f"{label:20}{direct:10.2f}{fresh:16.2f}{through:10.2f}{through / direct:7.2f}")
-        figures[label] = {"direct_ms": direct, "direct_new_conn_ms": fresh, "proxy_ms": through}
+        print(
+            f"{label:20}{direct:10.2f}{fresh:16.2f}{page:10.2f}{page / direct:7.2f}"
+            f"{through:10.2f}{through / direct:7.2f}"
+        )
+        figures[label] = {
+            "direct_ms": direct,
+            "direct_new_conn_ms": fresh,
+            "page_ms": page,
+            "proxy_ms": through,
+        }
     # what any request through Jupyter costs: an authenticated no-op of Jupyter's own API
     status_url = server.url + "api/status"
     floor = median_ms(lambda: proxy_session.get(status_url, headers=jupyter), repeats)
     print(f"{'jupyter api/status':20}{'':26}{floor:10.2f}   (Jupyter's own cost, no proxying)")
     figures["jupyter api/status ms"] = floor
-    rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
     direct_rate = throughput(head.url + "api/cluster_status", head.headers(), 8, seconds)
+    page_rate = throughput(sandboxed + "api/cluster_status", {}, 8, seconds)
+    rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
     print(
-        f"8 clients, {seconds:g} s: {rate:.0f} req/s through the proxy, "
-        f"{direct_rate:.0f} req/s direct ({rate / direct_rate:.2f})"
+        f"8 clients ({'wrk' if shutil.which('wrk') else 'Python threads'}), {seconds:g} s, "
+        f"api/cluster_status: {direct_rate:.0f} req/s direct, "
+        f"{page_rate:.0f} through the page's route ({page_rate / direct_rate:.2f}), "
+        f"{rate:.0f} through the token route ({rate / direct_rate:.2f})"
     )
-    figures["8 clients req/s"] = {"proxy": rate, "direct": direct_rate}
+    figures["8 clients req/s"] = {"proxy": rate, "page": page_rate, "direct": direct_rate}
+    figures["load generator"] = "wrk -t1" if shutil.which("wrk") else "Python threads"
     before = memory_mb(server.proc.pid)
     for i in range(requests_for_memory):
         path = "api/cluster_status" if i % 2 else ""

@@ -362,6 +362,10 @@ class _FakeDashboard(http.server.BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
 
+    def do_HEAD(self) -> None:
+        self.server.seen.append((self.command, self.path, dict(self.headers)))
+        self._start(200, "text/plain", **{"Content-Length": "11"})
+
     def _answer(self, status: int, content_type: str, body: str, **headers: str) -> None:
         self._start(status, content_type, **headers, **{"Content-Length": str(len(body))})
         self.wfile.write(body.encode())
@@ -705,6 +709,26 @@ def test_a_browsers_navigation_is_redirected_to_the_sandboxed_url(server, fake, 
     assert in_frame.headers["Location"].endswith("/")
     script = browser.get(server.url + fake.url + "page", headers={"Sec-Fetch-Dest": "empty"})
     assert script.status_code == 200 and "<title>fake</title>" in script.text
+
+
+def test_the_page_route_keeps_redirects_under_it_drops_cookies_and_logs_no_capability(server, fake):
+    """The route the dashboard tab polls: no Ray cookie, the head's redirects stay under the
+    capability, and the capability (the route's whole authorization) never reaches the log."""
+    link = link_of(server, fake.id)
+    capability = urlsplit(link).path.split("/")[4]
+    statuses = {}
+    for path in ("plain", "page", "error", "moved"):
+        response = requests.get(link + path, allow_redirects=False, timeout=30)
+        statuses[path] = response.status_code
+        assert backend_cookies(response) == [], (path, set_cookies(response))
+    assert statuses == {"plain": 200, "page": 200, "error": 500, "moved": 302}
+    moved = requests.get(link + "moved", allow_redirects=False, timeout=30)
+    assert moved.headers["Location"] == urlsplit(link).path + "page"
+    head = requests.head(link + "plain", timeout=30)
+    assert (
+        head.status_code == 200 and head.text == "" and fake.requests_to("plain")[-1][0] == "HEAD"
+    )
+    assert capability[1:] not in server.log_path.read_text()
 
 
 def test_a_capability_url_without_its_slash_is_redirected(server, fake):

@@ -23,7 +23,7 @@ from jupyter_server.utils import url_path_join
 from ..naming import DASHBOARD_BASE_ENV
 from ..registry import Registry
 from ..targets import Transports
-from . import capabilities, handlers, proxy
+from . import capabilities, handlers, pages, proxy
 from .backends import DashboardBackends
 from .capabilities import DashboardCapabilities
 from .manager import ClusterManager
@@ -78,16 +78,17 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)
 
 
-def _dashboard_routes(base_url: str, backends: DashboardBackends) -> list[tuple[str, type, dict]]:
+def _dashboard_routes(base_url: str, backends: DashboardBackends) -> list[Any]:
     """The sandboxed and the login-protected proxy, capability links, the slash redirect."""
     from jupyter_server_proxy.handlers import AddSlashHandler
 
     prefix = url_path_join(base_url, proxy.PREFIX)
     cluster = r"([^/]+)"
-    kwargs = {"backends": backends, "capabilities": DashboardCapabilities()}
+    links_to = DashboardCapabilities()
+    kwargs = {"backends": backends, "capabilities": links_to}
     links = url_path_join(base_url, capabilities.LINKS_PREFIX) + f"/{cluster}"
     return [
-        (f"{prefix}/{cluster}/~([^/]*)(/.*)?", capabilities.SandboxedDashboardHandler, kwargs),
+        *pages.page_rules(prefix, backends, links_to),
         (f"{prefix}/{cluster}", AddSlashHandler, {}),
         (f"{prefix}/{cluster}(/.*)", proxy.DashboardProxyHandler, kwargs),
         (links, capabilities.DashboardLinkHandler, kwargs),

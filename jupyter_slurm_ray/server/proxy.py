@@ -158,6 +158,59 @@ def _markup(message: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
+def client_uri(origin: str, proxied_path: str, query: str) -> str:
+    """The head's URL for a proxied path: ``..`` resolved inside the dashboard's root, Jupyter's
+    ``token`` and ``_xsrf`` left out of the query."""
+    path = quote(clean_path(proxied_path), safe=":/@!$&'()*+,;=-._~")
+    kept = [
+        (key, value)
+        for key, value in parse_qsl(query, keep_blank_values=True)
+        if key not in _DROPPED_QUERY_KEYS
+    ]
+    return f"{origin}{path}?{urlencode(kept)}" if kept else f"{origin}{path}"
+
+
+def backend_uri(backend: DashboardBackend, proxied_path: str, query: str) -> str:
+    return client_uri(f"http://{backend.host}:{backend.port}", proxied_path, query)
+
+
+def unavailable(
+    backends: DashboardBackends, cluster_id: str, exc: DashboardUnavailable
+) -> DashboardError:
+    """503 with what the registry (and Slurm) said: ended, not up yet, unreadable, …"""
+    message = str(exc).rstrip(".")
+    if message.startswith("cluster "):
+        message = "Ray " + message
+    record = _record(backends, cluster_id)
+    starting = record is not None and record.state in _NOT_UP_YET
+    return DashboardError(503, message[:1].upper() + message[1:] + ".", 5 if starting else None)
+
+
+def backend_failed(backends: DashboardBackends, cluster_id: str, why: object) -> DashboardError:
+    """503 when the dashboard does not answer: naming the cluster and its last known state."""
+    log.warning("the dashboard of %s does not answer: %s", cluster_id, why)
+    backends.forget(cluster_id)  # the next request reads connection.json again
+    record = _record(backends, cluster_id)
+    if record is None:
+        who, state = f"Ray cluster `{cluster_id}`", "unknown"
+    else:
+        job = f" (job {record.job_id})" if record.job_id else ""
+        who, state = f"Ray cluster `{record.name}`{job}", record.state
+    return DashboardError(
+        503,
+        f"{who} was last seen {state}, but its dashboard does not answer: the job may "
+        "have ended, or its head node cannot be reached.",
+        retry_after=10,
+    )
+
+
+def _record(backends: DashboardBackends, cluster_id: str) -> Any:
+    try:
+        return backends.registry.load(cluster_id)
+    except (SlurmRayError, OSError):
+        return None
+
+
 class _ResponseGuard(web.OutputTransform):
     """The last look at a response's headers before they go out, whatever path made them.
 
@@ -235,36 +288,10 @@ class _DashboardProxy(ProxyHandler):
 
     # -- what a browser sees when the dashboard is not there ------------------------------
     def _unavailable(self, exc: DashboardUnavailable) -> DashboardError:
-        """503 with what the registry (and Slurm) said: ended, not up yet, unreadable, …"""
-        message = str(exc).rstrip(".")
-        if message.startswith("cluster "):
-            message = "Ray " + message
-        record = self._record()
-        starting = record is not None and record.state in _NOT_UP_YET
-        return DashboardError(503, message[:1].upper() + message[1:] + ".", 5 if starting else None)
+        return unavailable(self.backends, self.cluster_id, exc)
 
     def _backend_failed(self, why: object) -> DashboardError:
-        """503 when the dashboard does not answer: naming the cluster and its last known state."""
-        log.warning("the dashboard of %s does not answer: %s", self.cluster_id, why)
-        self.backends.forget(self.cluster_id)  # the next request reads connection.json again
-        record = self._record()
-        if record is None:
-            who, state = f"Ray cluster `{self.cluster_id}`", "unknown"
-        else:
-            job = f" (job {record.job_id})" if record.job_id else ""
-            who, state = f"Ray cluster `{record.name}`{job}", record.state
-        return DashboardError(
-            503,
-            f"{who} was last seen {state}, but its dashboard does not answer: the job may "
-            "have ended, or its head node cannot be reached.",
-            retry_after=10,
-        )
-
-    def _record(self) -> Any:
-        try:
-            return self.backends.registry.load(self.cluster_id)
-        except (SlurmRayError, OSError):
-            return None
+        return backend_failed(self.backends, self.cluster_id, why)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -293,14 +320,7 @@ class _DashboardProxy(ProxyHandler):
         return {**super().proxy_request_options(), "allow_nonstandard_methods": True}
 
     def get_client_uri(self, protocol: str, host: str, port: int, proxied_path: str) -> str:
-        path = quote(clean_path(proxied_path), safe=":/@!$&'()*+,;=-._~")
-        query = [
-            (key, value)
-            for key, value in parse_qsl(self.request.query, keep_blank_values=True)
-            if key not in _DROPPED_QUERY_KEYS
-        ]
-        uri = f"{protocol}://{host}:{port}{path}"
-        return f"{uri}?{urlencode(query)}" if query else uri
+        return client_uri(f"{protocol}://{host}:{port}", proxied_path, self.request.query)
 
     def _get_context_path(self, host: str, port: int) -> str:
         return self._root()
