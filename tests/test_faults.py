@@ -180,6 +180,36 @@ def test_a_killed_kernels_cluster_is_gone_within_the_idle_timeout(registry, test
     )
 
 
+def test_a_killed_kernels_worker_jobs_end_with_its_head(registry, testbed):
+    """Issue 9: the owner of a head and two worker jobs SIGKILLed; nobody cancels anything,
+    yet every job and Ray process is gone within the idle timeout + a poll (+ Slurm's kill)."""
+    kernel = start_kernel(
+        str(registry.path),
+        runuser(testbed.user),
+        idle_timeout=IDLE,
+        cpus_per_node=2,
+        wait=True,
+        scale=3,
+    )
+    line = kernel.next_line()
+    workers = line["worker_jobs"]
+    assert line["state"] == "READY" and len(workers) == 2, line
+    kernel.kill()
+    killed = time.monotonic()
+    gone_after = wait_until_nothing_left(kernel.job_id, kernel.job_dir, timeout=IDLE + 30)
+    for job_id in workers:
+        wait_for(lambda job_id=job_id: not in_queue(job_id), 30, f"worker job {job_id} to end")
+    all_gone = time.monotonic() - killed
+    assert all_gone <= IDLE + 2 + 15 + 10, all_gone  # idle timeout + a poll + two kills
+    assert any(e["event"] == "lease_stale" for e in events_of(kernel.job_dir))
+    record_figure(
+        "kernel SIGKILLed with 2 worker jobs",
+        head_gone_after_s=round(gone_after, 1),
+        all_jobs_gone_after_s=round(all_gone, 1),
+        idle_timeout_s=IDLE,
+    )
+
+
 # -- nodes --------------------------------------------------------------------------------------
 def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry):
     cluster = new_cluster(registry, nodes=2)

@@ -2,7 +2,8 @@
 
 It submits a cluster as the testbed user, prints one JSON line (``id``, ``job_id``,
 ``job_dir``) as soon as the job is queued, optionally waits for READY (and connects), prints
-a second line with the state, then sleeps until killed.
+a second line with the state (and, when asked to scale, its worker jobs once their nodes
+joined), then sleeps until killed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ if {wait!r}:
     cluster.wait_ready()
     if {connect!r}:
         cluster.connect()
-    print(json.dumps(dict(state=cluster.state.value)), flush=True)
+    if {scale!r}:
+        cluster.scale({scale!r})
+        deadline = time.monotonic() + 300
+        while cluster.refresh().nodes_joined < {scale!r} and time.monotonic() < deadline:
+            time.sleep(0.5)
+    workers = [job.job_id for job in cluster.workers.active()]
+    print(json.dumps(dict(state=cluster.state.value, worker_jobs=workers)), flush=True)
 time.sleep(3600)
 """
 
@@ -60,10 +67,13 @@ def start_kernel(
     *,
     wait: bool = False,
     connect: bool = False,
+    scale: int = 0,
     env: dict[str, str] | None = None,
     **spec: object,
 ) -> Kernel:
-    program = _PROGRAM.format(spec=spec, prefix=prefix, state=state_dir, wait=wait, connect=connect)
+    program = _PROGRAM.format(
+        spec=spec, prefix=prefix, state=state_dir, wait=wait, connect=connect, scale=scale
+    )
     process = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(program)],
         stdout=subprocess.PIPE,
