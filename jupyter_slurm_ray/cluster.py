@@ -418,8 +418,14 @@ class SlurmRayCluster(ClusterScaling):
         return self.poll_interval
 
     def _tick(self) -> float:
-        """Seconds between reads of the job's events: often until it is up."""
-        if self._status.state.is_up and self._follower.events.ready and not self._stopping:
+        """Seconds between reads of the job's events (the worker jobs' too): often until it
+        is up, and while a worker job joins or leaves."""
+        if (
+            self._status.state.is_up
+            and self._follower.events.ready
+            and not self._stopping
+            and not self.workers.in_transition()
+        ):
             return self.steady_poll_interval
         return self.poll_interval
 
@@ -476,7 +482,9 @@ class SlurmRayCluster(ClusterScaling):
         self._status = status = replace(status, at=time.time())
         self.history.append(status)
         if status.job_id:
-            watcher_for(self.transport).set_pace(status.job_id, self._pace(), self._tick())
+            watcher = watcher_for(self.transport)
+            watcher.set_pace(status.job_id, self._pace(), self._tick())
+            self.workers.set_paces(watcher, self.poll_interval, self.steady_poll_interval)
         self._save_record()
         if self._changed is not None:
             self._changed.set()

@@ -226,6 +226,24 @@ class WorkerJobs:
                 self._callbacks[job_id] = callback
                 watcher.watch(job_id, callback, pace=pace, tick=pace)
 
+    def in_transition(self) -> bool:
+        """Some worker job is still to join (pending, starting) or on its way out."""
+        return any(not job.joined or job.leaving for job in self.active())
+
+    def set_paces(self, watcher: JobWatcher, fast: float, steady: float) -> None:
+        """Slurm is asked about a joined worker job as seldom as about a ready head (its own
+        events tell of changes), about a pending one every few seconds, else often."""
+        for job in self.active():
+            if job.job_id not in self._callbacks:
+                continue
+            if job.joined and not job.leaving:
+                pace = steady
+            elif job.pending:
+                pace = max(fast, min(5.0, steady))
+            else:
+                pace = fast
+            watcher.set_pace(job.job_id, pace)
+
     def unfollow(self, watcher: JobWatcher) -> None:
         for job_id, callback in list(self._callbacks.items()):
             watcher.unwatch(job_id, callback)

@@ -229,3 +229,27 @@ async def test_gc_offers_worker_jobs_no_live_cluster_lists(registry, transport, 
         ("12", "a worker job its cluster's record does not list"),
         ("13", "a worker job without a record of its cluster"),
     ]
+
+
+async def test_joined_worker_jobs_are_asked_about_as_seldom_as_a_ready_head(make_cluster, slurm):
+    """A cluster of 3 jobs in steady state: one squeue every steady_poll_interval, not every
+    poll_interval because it has worker jobs (benchmarks/worker_polls.py measures it)."""
+    cluster = await ready(make_cluster, slurm)
+    cluster.steady_poll_interval = 1.0
+    await cluster.scale_async(3)
+    watcher = watcher_for(cluster.transport)
+    first, second = cluster.workers.jobs
+    slurm.run(first, "node2")
+    await until(lambda: cluster.status.worker_jobs[0].state == "RUNNING", 5, "one running")
+    assert watcher.pace == cluster.poll_interval  # one still pending, one not joined yet
+    slurm.run(second, "node3")
+    emit(
+        cluster,
+        *(
+            {"event": "worker_joined", "role": "worker", "host": host, "worker_job": job_id}
+            for job_id, host in ((first, "node2"), (second, "node3"))
+        ),
+        {"event": "nodes", "joined": 3, "wanted": 1},
+    )
+    await until(lambda: cluster.status.nodes_joined == 3, 5, "3 nodes alive")
+    await until(lambda: watcher.pace == 1.0, 5, "the steady pace for all three jobs")
