@@ -239,6 +239,24 @@ def test_the_palette_has_the_commands(page):
     page.keyboard.press("Escape")
 
 
+def test_the_sidebars_doctor_runs_a_test_job_and_shows_every_check_passing(page, artifacts):
+    """Issue 10: the Doctor button of the sidebar, on the healthy testbed."""
+    open_sidebar(page)
+    page.locator(".jp-SlurmRay-doctor").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog.locator(".jp-Dialog-header")).to_have_text(
+        "Slurm Ray doctor: ready", timeout=180_000
+    )
+    rows = dialog.locator("table.jsr-doctor tbody tr")
+    statuses = [(rows.nth(i).get_attribute("class") or "") for i in range(rows.count())]
+    assert "jsr-doctor-ok" in statuses and "jsr-doctor-fail" not in statuses, statuses
+    summary = dialog.locator(".jsr-doctor-summary").inner_text()
+    assert re.match(r"All \d+ checks passed; test job \d+ on node\d", summary), summary
+    page.screenshot(path=artifacts / "doctor.png")
+    dialog.get_by_role("button", name="Ok").click()
+    expect(dialog).to_have_count(0)
+
+
 def test_an_unreadable_record_is_a_row_with_forget_and_the_list_keeps_working(page, root, cluster):
     broken = root / "state" / "clusters" / "broken-0001.json"
     broken.write_text('{"id": "broken-0001", "name": ')  # truncated

@@ -39,6 +39,7 @@ export class ClusterSidebar extends Widget {
     this.node.innerHTML = `
       <header class="jp-SlurmRay-header">
         <h2>Slurm Ray</h2>
+        <button class="jp-SlurmRay-doctor jp-Button jp-mod-minimal">Doctor</button>
         <button class="jp-SlurmRay-refresh jp-Button jp-mod-minimal" title="Refresh now">⟳</button>
       </header>
       <div class="jp-SlurmRay-status" role="status"></div>
@@ -47,6 +48,9 @@ export class ClusterSidebar extends Widget {
     this._status = this.node.querySelector('.jp-SlurmRay-status') as HTMLDivElement;
     (this.node.querySelector('.jp-SlurmRay-refresh') as HTMLButtonElement).onclick = () =>
       void this.refresh();
+    const doctor = this.node.querySelector('.jp-SlurmRay-doctor') as HTMLButtonElement;
+    doctor.title = this.commands.caption(CommandIDs.doctor) || 'Doctor';
+    doctor.onclick = () => void this.commands.execute(CommandIDs.doctor);
     this._poll = new Poll({
       factory: () => this._load(),
       frequency: { interval: 5000, backoff: true, max: 120_000 },
