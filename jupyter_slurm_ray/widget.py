@@ -20,7 +20,7 @@ import ipywidgets as widgets
 from .accounting import Accounting, load_accounting
 from .aio import background_loop, run_sync
 from .cluster import SlurmRayCluster
-from .config import effective_setting, load_profiles, profiles_path, resolve_spec
+from .config import Profile, effective_setting, load_profiles, profiles_path, resolve_spec
 from .errors import SlurmRayError
 from .live import StatusView
 from .session import Session, get_session
@@ -128,10 +128,20 @@ class ClusterPanel(widgets.VBox):
             ]
         )
 
+    def _local_mode(self, profiles: dict[str, Profile]) -> bool:
+        """Local mode by the settings, or else by the profile the form starts with."""
+        mode, _ = effective_setting("mode", self.session.config)
+        if mode is None:
+            default, _ = effective_setting("default_profile", self.session.config)
+            profile = profiles.get(default) if default else None
+            mode = profile.settings.get("mode") if profile else None
+        return mode == "local"
+
     def _load_choices(self) -> None:
         try:
-            names = sorted(load_profiles(profiles_path(self.session.config)))
-            if effective_setting("mode", self.session.config)[0] == "local":  # no Slurm asked
+            profiles = load_profiles(profiles_path(self.session.config))
+            names = sorted(profiles)
+            if self._local_mode(profiles):  # no Slurm asked
                 self.accounting = Accounting(unavailable="local mode (Ray on this machine)")
             else:
                 self.partitions = run_sync(SlurmClient(self.session.transport()).partitions())

@@ -241,3 +241,21 @@ def test_the_panel_in_local_mode_asks_slurm_nothing(monkeypatch: pytest.MonkeyPa
         assert panel.spec().mode == "local"
     finally:
         panel.close()
+
+
+def test_the_panel_asks_slurm_nothing_when_the_default_profile_is_local(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text('[profiles.laptop]\nmode = "local"\ndescription = "Ray here"\n')
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_COMMAND_PREFIX", "/nonexistent/slurm-wrapper")
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_PROFILES_FILE", str(profiles))
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_DEFAULT_PROFILE", "laptop")
+    panel = ClusterPanel(session=Session(SlurmRay()))
+    try:
+        assert panel.partitions == [] and "local mode" in panel.message.value
+        assert panel.profile.value == "laptop"
+        panel.walltime.value = "10"
+        assert panel.spec().mode == "local"
+    finally:
+        panel.close()
