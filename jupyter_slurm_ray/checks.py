@@ -132,6 +132,7 @@ CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]*:()!-]{1,1024}", re.ASCII)
 _PYTHON = re.compile(r"[A-Za-z0-9_./+][A-Za-z0-9_./+-]*", re.ASCII)
 _JOB_DIR_ROOT = re.compile(r"(?:/|~/)[A-Za-z0-9_./+-]*", re.ASCII)
 _ABSOLUTE = re.compile(r"/[A-Za-z0-9_./+-]*", re.ASCII)
+_CONTAINER_IMAGE = re.compile(r"[A-Za-z0-9_./+@~][A-Za-z0-9_./+@~:=%-]*", re.ASCII)
 INTERFACE = re.compile(r"[A-Za-z0-9_.:-]{1,15}", re.ASCII)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _LONG_OPTION = re.compile(r"(--[a-z][a-z0-9-]*)(?:=(.*))?", re.ASCII | re.DOTALL)
@@ -269,6 +270,14 @@ def setup_lines(field: str, value: Any) -> tuple[str, ...]:
 def python_command(field: str, value: Any) -> str:
     allowed = "a command name or absolute path made of A-Z a-z 0-9 _ . / + - (not starting with -)"
     return pattern(_PYTHON, allowed)(field, value)
+
+
+def container_image(field: str, value: Any) -> str:
+    allowed = "an image path or URI (e.g. /images/ray.sif, docker://rayproject/ray:2.9.0) "
+    allowed += "without spaces, commas or control characters, not starting with -"
+    if not isinstance(value, str) or not _CONTAINER_IMAGE.fullmatch(value):
+        raise SpecError(field, value, allowed)
+    return value
 
 
 def home_or_absolute_dir(field: str, value: Any) -> str:

@@ -328,6 +328,8 @@ def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
         "idle_timeout": spec.idle_timeout,
         "start_timeout": spec.start_timeout,
         "lock_dir": spec.port_lock_dir,
+        "container": spec.container,
+        "container_runtime": spec.container_runtime,
     }
 
 

@@ -52,6 +52,8 @@ _SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-C", "--constraint"), "constraint"),
     (("--reservation",), "reservation"),
     (("--python",), "python"),
+    (("--container",), "container"),
+    (("--container-runtime",), "container_runtime"),
 )
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(ClusterSpec)}
 

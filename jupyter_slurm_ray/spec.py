@@ -18,6 +18,7 @@ from .checks import (
     Check,
     absolute_dir,
     choice,
+    container_image,
     env_pairs,
     flag,
     format_walltime,
@@ -134,6 +135,21 @@ class ClusterSpec:
         "Python of the cluster side, with ray installed (same version as here). Unset: this "
         "kernel's own Python when Slurm runs here and the compute nodes share its filesystem "
         "(checked before submitting); python3 over SSH.",
+    )
+    container: str | None = _setting(
+        None,
+        optional(container_image),
+        "text",
+        "Container image Ray runs in on the nodes (an Apptainer .sif or URI, a Charliecloud "
+        "directory); it needs the same Ray and Python minor version as here, checked when "
+        "the cluster starts. The bootstrap itself stays on the node.",
+    )
+    container_runtime: str = _setting(
+        "auto",
+        choice("auto", "apptainer", "singularity", "charliecloud"),
+        "text",
+        "Runtime of `container`: 'auto' (the first of apptainer, singularity, ch-run found on "
+        "the node), 'apptainer', 'singularity' or 'charliecloud' (ch-run).",
     )
     job_dir_root: str = _setting(
         "~/.jupyter-slurm-ray/jobs",

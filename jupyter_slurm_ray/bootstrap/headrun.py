@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from container import container_versions
 from dashapi import Dashboard, port_open
 from jsr_base import BootstrapError, job_id, run_text, write_json_atomic
 from jsr_events import EventTail, LeaseWatch, owner_gone
@@ -96,7 +97,10 @@ class HeadRun(NodeRun):
         processes pays (measured while the head starts; ``doctor`` reports it when slow)."""
         assert self.plan is not None and self.config is not None
         env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
-        versions = ray_versions(ray, env)
+        if self.config.container:
+            versions = container_versions(self.in_container([]), env)
+        else:
+            versions = ray_versions(ray, env)
         self.events.emit("import_ray", seconds=versions[2], ray_version=versions[0])
         return versions
 

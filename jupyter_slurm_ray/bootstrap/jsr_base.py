@@ -48,6 +48,8 @@ class Config:
     idle_timeout: float = 300.0
     start_timeout: float = 300.0
     lock_dir: str | None = None  # ClusterSpec.port_lock_dir
+    container: str | None = None  # image Ray runs in (container.py)
+    container_runtime: str = "auto"
 
     @classmethod
     def load(cls, path: Path) -> Config:

@@ -9,6 +9,7 @@ import time
 import traceback
 from pathlib import Path
 
+from container import ray_command_prefix
 from jsr_base import BootstrapError, Config
 from jsr_events import EventLog
 from portconflict import ConflictScan, PortConflict
@@ -78,6 +79,9 @@ class NodeRun:
     def find_ray(self) -> str:
         """The log dir and the `ray` command; fails fast when ray is missing."""
         self.logs.mkdir(mode=0o700, exist_ok=True)
+        if self.config and self.config.container:
+            ray_command_prefix(self.config, self.job_dir, False)  # fails fast when unusable
+            return "ray"  # the image's
         return require_command(
             "ray",
             "the job's setup lines must activate an environment that has ray[default] installed",
@@ -106,8 +110,14 @@ class NodeRun:
         self.scan = ConflictScan(
             self.plan.block, log_path, self.plan.temp_dir / "session_latest" / "logs"
         )
-        self.ray = RayProcess(argv, env, log_path)
+        self.ray = RayProcess(self.in_container(argv), env, log_path)
         return self.ray
+
+    def in_container(self, argv: list[str]) -> list[str]:
+        """A Ray command as this node runs it: through the runtime when `container` is set."""
+        assert self.config is not None
+        gpus = bool(self.plan and self.plan.gpus)
+        return [*ray_command_prefix(self.config, self.job_dir, gpus), *argv]
 
     def check_ports(self) -> None:
         """While Ray starts: raise PortConflict if one of its ports was taken after the probe."""

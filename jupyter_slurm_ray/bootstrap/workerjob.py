@@ -137,7 +137,12 @@ class WorkerJobRun(WorkerRun):
         env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
         try:
             done = subprocess.run(
-                argv, env=env, capture_output=True, text=True, timeout=60, check=False
+                self.in_container(argv),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             self.events.emit("worker_drain_failed", reason=str(exc))
