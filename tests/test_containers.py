@@ -6,6 +6,7 @@ down leaves nothing; bad settings fail with one line naming the field."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,13 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .helpers.clusters import cluster_spec, ray_in_subprocess, ray_result, wait_until_nothing_left
+from .helpers.clusters import (
+    cluster_spec,
+    processes_of,
+    ray_in_subprocess,
+    ray_result,
+    wait_until_nothing_left,
+)
 from .helpers.testbed import runuser
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -140,3 +147,16 @@ def test_a_runtime_missing_on_the_nodes_fails_naming_the_field(registry):
     assert cluster.state is State.FAILED
     assert "container_runtime apptainer: no `apptainer` command" in str(info.value)
     wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+
+
+@needs_image
+def test_scancel_of_a_container_cluster_leaves_nothing(registry):
+    """The fault tests' rule: Ray's daemons in the container's namespaces go with the job."""
+    cluster = new_cluster(registry, nodes=2)
+    try:
+        cluster.up(connect=False)
+        assert processes_of(cluster.job_dir)
+        subprocess.run(["scancel", cluster.job_id], check=True)
+        wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+    finally:
+        cluster.down()
