@@ -54,6 +54,7 @@ _SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--python",), "python"),
     (("--container",), "container"),
     (("--container-runtime",), "container_runtime"),
+    (("--environment",), "environment"),
 )
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(ClusterSpec)}
 

@@ -151,6 +151,15 @@ class ClusterSpec:
         "Runtime of `container`: 'auto' (the first of apptainer, singularity, ch-run found on "
         "the node), 'apptainer', 'singularity' or 'charliecloud' (ch-run).",
     )
+    environment: str = _setting(
+        "kernel",
+        choice("kernel", "pack"),
+        "text",
+        "Where the nodes' Ray comes from: 'kernel' (python and setup, or when unset this "
+        "kernel's own Python on a shared filesystem) or 'pack' (this kernel's venv, conda or "
+        "pixi environment packed once, shipped to the job dir root, unpacked on each node's "
+        "local disk before Ray starts).",
+    )
     job_dir_root: str = _setting(
         "~/.jupyter-slurm-ray/jobs",
         home_or_absolute_dir,

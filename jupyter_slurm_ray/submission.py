@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from . import packs
 from .errors import (
     SlurmError,
     SlurmRayError,
@@ -36,11 +37,15 @@ async def prepare(
     """The job dir (its root checked; nothing written yet) and the job script for it."""
     site = await probe_site(transport, spec.job_dir_root)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
+    command = directory.bootstrap_command(packs.bootstrap_python(spec))
+    if spec.environment == "pack":  # named by what is installed; shipped by submit()
+        archive = packs.remote_archive(packs.describe_environment(), site.job_dir_root)
+        command = packs.bootstrap_command(command, archive)
     script = render_job_script(
         spec,
         cluster_id=cluster_id,
         job_dir=directory.path,
-        command=directory.bootstrap_command(spec.python),
+        command=command,
         exported=site.exported,
     )
     return directory, script
@@ -62,6 +67,9 @@ async def submit(
     Whatever fails before anything is queued removes the job dir and calls ``forget_record``.
     """
     try:
+        if spec.environment == "pack":
+            root = job_dir.path.rsplit("/", 1)[0]
+            await packs.ship_pack(job_dir.transport, packs.describe_environment(), root)
         await job_dir.create(spec, cluster_id, script=script, lease=lease)
     except SlurmRayError:
         forget_record()  # nothing was written: leave nothing behind

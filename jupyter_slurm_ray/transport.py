@@ -18,7 +18,7 @@ import shlex
 import signal
 import tarfile
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -40,6 +40,8 @@ _UNPACK = (
     'base64 -d | tar -x -f - -C "$1" --no-same-owner --no-same-permissions'
 )
 _PRINT_HOME = 'printf %s "$HOME"'
+_CHUNK = 1 << 20  # bytes per write when sending a file
+_SEND_TIMEOUT = 600.0  # s without progress while sending a file
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,30 @@ class Transport(ABC):
         file). Sub-directories in the names are created 0700."""
         await self.run(["sh", "-c", _UNPACK, "sh", directory], input=tar_base64(files))
 
+    async def send_file(
+        self, local_path: str, path: str, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Copy the local file ``local_path`` (any size, bytes) to ``path``, atomically, 0600,
+        streamed in chunks; ``progress(bytes sent, bytes in all)`` after each chunk."""
+        argv = ["sh", "-c", _WRITE_ATOMIC, "sh", path, "600"]
+        total = os.path.getsize(local_path)
+        sent = 0
+        with open(local_path, "rb") as source:
+
+            def chunks() -> Iterator[bytes]:
+                nonlocal sent
+                while data := source.read(_CHUNK):
+                    sent += len(data)
+                    yield data
+                    if progress:
+                        progress(sent, total)
+
+            result = await self._stream(argv, chunks())
+        result.check()
+
+    async def _stream(self, argv: list[str], chunks: Iterator[bytes]) -> CommandResult:
+        raise TransportError(f"{type(self).__name__} cannot send files")
+
     async def read_file(self, path: str) -> str:
         return (await self.run(["cat", "--", path])).stdout
 
@@ -234,6 +260,25 @@ class LocalTransport(Transport):
         except asyncio.CancelledError:
             _kill_group(proc.pid)
             raise
+        return CommandResult(tuple(argv), proc.returncode or 0, _text(out), _text(err))
+
+    async def _stream(self, argv: list[str], chunks: Iterator[bytes]) -> CommandResult:
+        proc = await asyncio.create_subprocess_exec(
+            *self.command_prefix, *argv, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd="/",
+        )  # fmt: skip
+        assert proc.stdin is not None
+        try:
+            for data in chunks:
+                proc.stdin.write(data)
+                await asyncio.wait_for(proc.stdin.drain(), _SEND_TIMEOUT)
+            proc.stdin.close()
+            out, err = await asyncio.wait_for(proc.communicate(), _SEND_TIMEOUT)
+        except (asyncio.TimeoutError, OSError) as exc:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise TransportError(f"sending a file through {argv[0]} failed: {exc!r}") from None
         return CommandResult(tuple(argv), proc.returncode or 0, _text(out), _text(err))
 
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
@@ -410,6 +455,23 @@ class SSHTransport(Transport):
         return CommandResult(
             tuple(argv), returncode, str(completed.stdout or ""), str(completed.stderr or "")
         )
+
+    async def _stream(self, argv: list[str], chunks: Iterator[bytes]) -> CommandResult:
+        import asyncssh
+
+        conn = await self._connection()
+        try:
+            proc = await conn.create_process(shlex.join(argv), encoding=None)
+            for data in chunks:
+                proc.stdin.write(data)
+                await asyncio.wait_for(proc.stdin.drain(), _SEND_TIMEOUT)
+            proc.stdin.write_eof()
+            completed = await asyncio.wait_for(proc.wait(), _SEND_TIMEOUT)
+        except (asyncio.TimeoutError, asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{self.target}: sending a file failed: {exc!r}") from None
+        code = completed.exit_status if (completed.exit_status or 0) >= 0 else 255
+        out, err = (_text(x or b"") for x in (completed.stdout, completed.stderr))
+        return CommandResult(tuple(argv), code if code is not None else 255, out, err)
 
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         """A local listener whose connections are tunnelled to ``remote_host:remote_port``.

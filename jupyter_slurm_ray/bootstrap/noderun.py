@@ -16,6 +16,7 @@ from portconflict import ConflictScan, PortConflict
 from procgroups import RayProcess, stop_processes
 from rayargs import NodePlan, plan_node, ray_environment, require_command
 from trust import check_job_dir
+from unpack import activate_pack
 
 TICK = 0.25  # main loop period (s)
 API_PERIOD = 0.5  # readiness poll period (s)
@@ -77,8 +78,10 @@ class NodeRun:
         return self.config
 
     def find_ray(self) -> str:
-        """The log dir and the `ray` command; fails fast when ray is missing."""
+        """The log dir and the `ray` command (the environment pack's, if the job has one:
+        unpacked on this node first); fails fast when ray is missing."""
         self.logs.mkdir(mode=0o700, exist_ok=True)
+        activate_pack(self.events.emit, self.job_dir)
         if self.config and self.config.container:
             ray_command_prefix(self.config, self.job_dir, False)  # fails fast when unusable
             return "ray"  # the image's

@@ -1,0 +1,172 @@
+"""Environment packs without a cluster: the key, the kind of environment, the packing commands,
+the setting's validation, the job's command, and the bootstrap's unpack on a real tar file."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_slurm_ray import packs
+from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.spec import ClusterSpec
+
+from ..helpers.bootstrap import bootstrap_module
+
+unpack = bootstrap_module("unpack")
+BootstrapError = bootstrap_module("jsr_base").BootstrapError
+
+
+def test_the_key_depends_on_what_is_installed_not_on_its_order() -> None:
+    key = packs.pack_key("venv", "3.11.2", ["ray==2.60.0", "numpy==2.1.0"])
+    assert key == packs.pack_key("venv", "3.11.2", ["numpy==2.1.0", "ray==2.60.0"])
+    assert key != packs.pack_key("venv", "3.11.2", ["numpy==2.1.1", "ray==2.60.0"])
+    assert key != packs.pack_key("venv", "3.12.0", ["numpy==2.1.0", "ray==2.60.0"])
+    assert key != packs.pack_key("conda", "3.11.2", ["numpy==2.1.0", "ray==2.60.0"])
+    assert len(key) == 16 and int(key, 16) >= 0
+
+
+def test_installed_distributions_are_read_from_the_paths_given(tmp_path) -> None:
+    info = tmp_path / "Marker_Pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: Marker-Pkg\nVersion: 1.0\n")
+    assert packs.installed_distributions([str(tmp_path)]) == ["marker-pkg==1.0"]
+
+
+def test_the_kind_of_an_environment(tmp_path) -> None:
+    venv, conda, pixi, system = (tmp_path / n for n in ("v", "c", "p/.pixi/envs/default", "s"))
+    (venv).mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (conda / "conda-meta").mkdir(parents=True)
+    (pixi / "conda-meta").mkdir(parents=True)
+    system.mkdir()
+    assert packs.environment_kind(str(venv), "/usr") == "venv"
+    assert packs.environment_kind(str(conda), "/usr") == "conda"
+    assert packs.environment_kind(str(pixi), "/usr") == "pixi"
+    with pytest.raises(SpecError, match="not a venv, conda or pixi environment"):
+        packs.environment_kind(str(system), str(system))
+
+
+def test_a_venv_with_system_site_packages_is_refused_before_packing(tmp_path) -> None:
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = true\n")
+    with pytest.raises(SpecError, match="--system-site-packages"):
+        packs.describe_environment(str(tmp_path), "/usr")
+
+
+def test_each_kind_is_packed_by_its_own_tool() -> None:
+    venv = packs.EnvironmentToPack("venv", "/e/v", "0" * 16)
+    argv = packs.pack_argv(venv, "venv-pack", "/c/out.tar.gz")
+    assert argv[:5] == ["venv-pack", "--prefix", "/e/v", "--output", "/c/out.tar.gz"]
+    conda = packs.EnvironmentToPack("conda", "/e/c", "1" * 16)
+    assert packs.pack_argv(conda, "conda-pack", "/o")[:3] == ["conda-pack", "--prefix", "/e/c"]
+    pixi = packs.EnvironmentToPack("pixi", "/w/.pixi/envs/prod", "2" * 16)
+    argv = packs.pack_argv(pixi, "pixi-pack", "/o.tar")
+    assert argv[:3] == ["pixi-pack", "--environment", "prod"] and argv[-1] == "/w/pixi.toml"
+    assert pixi.archive_name == "env-pixi-" + "2" * 16 + ".tar"
+    assert venv.archive_name == "env-venv-" + "0" * 16 + ".tar.gz"
+
+
+def test_a_missing_tool_says_how_to_get_it(monkeypatch) -> None:
+    monkeypatch.setattr(packs.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "executable", "/nowhere/bin/python")
+    with pytest.raises(SpecError, match="conda install -c conda-forge conda-pack"):
+        packs.find_tool(packs.EnvironmentToPack("conda", "/e/c", "1" * 16))
+
+
+def test_the_setting_takes_kernel_or_pack() -> None:
+    assert ClusterSpec().environment == "kernel"
+    assert ClusterSpec(environment="pack").environment == "pack"
+    with pytest.raises(SpecError, match="environment"):
+        ClusterSpec(environment="conda")
+
+
+def test_with_a_pack_the_job_names_it_and_the_bootstrap_runs_on_python3() -> None:
+    spec = ClusterSpec(environment="pack")
+    assert packs.bootstrap_python(spec) == "python3"
+    assert packs.bootstrap_python(spec.replace(python="/opt/py/bin/python")) == "/opt/py/bin/python"
+    assert packs.bootstrap_python(ClusterSpec()) is None
+    command = packs.bootstrap_command(["python3", "/j/bootstrap", "head", "/j"], "/r/packs/a")
+    assert command == ["env", "JSR_ENV_PACK=/r/packs/a", "python3", "/j/bootstrap", "head", "/j"]
+
+
+def _archive(path: Path, files: dict[str, str]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(text), 0o755
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+@pytest.fixture
+def node_tmp(tmp_path, monkeypatch) -> Path:
+    """The bootstrap's /tmp/jsr-<uid> moved under tmp_path."""
+    real = unpack.Path
+
+    def moved(text: str) -> Path:
+        return real(str(tmp_path) + text) if text.startswith("/tmp/jsr-") else real(text)
+
+    monkeypatch.setattr(unpack, "Path", moved)
+    (tmp_path / "tmp").mkdir()
+    return tmp_path / "tmp" / f"jsr-{os.getuid()}"
+
+
+def test_unpacked_once_then_reused_and_put_first_on_path(tmp_path, node_tmp) -> None:
+    archive = _archive(
+        tmp_path / ("env-venv-" + "a" * 16 + ".tar.gz"),
+        {"pyvenv.cfg": "home = /usr/bin\n", "bin/python": "", "lib/marker.py": "x = 1\n"},
+    )
+    events: list[tuple[str, dict]] = []
+    environ = {"JSR_ENV_PACK": str(archive), "PATH": "/usr/bin", "PYTHONHOME": "/x"}
+    unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, environ)
+    prefix = node_tmp / ("env-venv-" + "a" * 16)
+    assert (prefix / "lib" / "marker.py").read_text() == "x = 1\n"
+    assert (prefix / unpack.MARKER).is_file()
+    assert environ["PATH"] == f"{prefix}/bin:/usr/bin" and environ["VIRTUAL_ENV"] == str(prefix)
+    assert "PYTHONHOME" not in environ
+    unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, environ)
+    assert [kw["reused"] for _, kw in events] == [False, True]
+    assert environ["PATH"] == f"{prefix}/bin:/usr/bin"  # not twice
+    assert (tmp_path / "env-pack").read_text() == f"{archive}\n"  # for the worker jobs
+    worker_job = {"PATH": "/usr/bin"}  # a worker job's environment: no JSR_ENV_PACK
+    unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, worker_job)
+    assert worker_job["PATH"] == f"{prefix}/bin:/usr/bin"
+
+
+def test_a_corrupt_archive_names_the_node_and_leaves_nothing(tmp_path, node_tmp) -> None:
+    archive = tmp_path / ("env-venv-" + "b" * 16 + ".tar.gz")
+    archive.write_text("not a tar file")
+    with pytest.raises(BootstrapError, match="cannot unpack the environment pack") as info:
+        unpack.unpacked(archive)
+    assert str(archive) in info.value.reason and info.value.log
+    assert not list(node_tmp.glob("*env-venv-*[!k]"))  # no half-unpacked directory
+
+
+def test_a_name_that_is_not_a_pack_is_refused(tmp_path, node_tmp) -> None:
+    with pytest.raises(BootstrapError, match="does not name an environment pack"):
+        unpack.unpacked(tmp_path / "env.tar.gz")
+
+
+def test_unpacked_packs_unused_for_long_are_pruned(tmp_path) -> None:
+    old, recent = tmp_path / ("env-venv-" + "c" * 16), tmp_path / ("env-venv-" + "d" * 16)
+    for target in (old, recent):
+        target.mkdir()
+        (target / unpack.MARKER).write_text("x\n")
+    week_ago = time.time() - 8 * 86400
+    os.utime(old / unpack.MARKER, (week_ago, week_ago))
+    assert unpack.prune_unused(tmp_path, keep=recent) == [old]
+    assert not old.exists() and recent.exists()
+
+
+def test_the_setting_is_a_trait_and_a_magic_option() -> None:
+    from jupyter_slurm_ray.config import SlurmRay
+    from jupyter_slurm_ray.magic_args import parse, spec_arguments
+
+    assert "environment" in SlurmRay.class_traits()
+    line = parse("up -N 2 -t 10 --environment pack")
+    assert spec_arguments(line)["environment"] == "pack"
