@@ -26,6 +26,7 @@ from .helpers.clusters import (
     wait_until_nothing_left,
 )
 from .helpers.testbed import runuser
+from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -160,3 +161,26 @@ def test_scancel_of_a_container_cluster_leaves_nothing(registry):
         wait_until_nothing_left(cluster.job_id, cluster.job_dir)
     finally:
         cluster.down()
+
+
+@needs_image
+def test_a_worker_job_runs_ray_in_the_container_and_drains_through_it(registry):
+    """Scaling out: the worker job's Ray is the image's too; scaling in drains it with the
+    image's `ray drain-node`; then nothing is left."""
+    cluster = new_cluster(registry, idle_timeout=60)
+    try:
+        cluster.up(connect=False)
+        cluster.scale(2)
+        wait_for(lambda: cluster.refresh().nodes_joined == 2, 120, "2 nodes alive")
+        results = tasks_inside(cluster)
+        worker_jobs = [job.job_id for job in cluster.workers.active()]
+        cluster.scale(1)
+        cluster.refresh()
+        kinds = [e.get("event") for e in cluster.events]
+    finally:
+        cluster.down()
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+    assert len(results) == 2 and all(r["marker"] for r in results), results
+    assert all(r["python"].startswith("/opt/venv/bin/python") for r in results), results
+    assert len(worker_jobs) == 1 and "worker_draining" in kinds, kinds
+    assert "worker_drain_failed" not in kinds, kinds
