@@ -1,0 +1,97 @@
+"""A laptop-side session with ``environment = "pack"``: two ups in a row over SSH, timed.
+
+Run by tests/test_packs.py with the pack venv's Python (scripts/setup makes it: Ray and the
+module jsr_pack_marker, which only that venv has) inside the host ("laptop") network namespace,
+as ``python -m tests.helpers.laptop_pack STATE_DIR``. The first up finds no archive anywhere
+(they are removed first), the second reuses all. Prints one JSON object with what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import ray
+
+from jupyter_slurm_ray import packs
+from jupyter_slurm_ray.aio import run_sync
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.registry import Registry
+
+from .clusters import cluster_spec
+from .testbed import ssh_transport, testbed_from_environment
+
+WHERE_AND_WHAT = """
+import json
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
+
+@ray.remote(num_cpus=0)
+def where():
+    import socket, sys
+    import jsr_pack_marker
+    return [socket.gethostname(), jsr_pack_marker.__file__, sys.executable]
+
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+refs = [where.options(scheduling_strategy=Affinity(n, soft=False)).remote() for n in nodes]
+print(json.dumps(sorted(ray.get(refs))))
+"""
+
+
+def run_tasks() -> list[list[str]]:
+    captured: list[str] = []
+    exec(WHERE_AND_WHAT, {"ray": ray, "print": captured.append})
+    return json.loads(captured[-1])
+
+
+def forget_every_copy(transport, env: packs.EnvironmentToPack, root: str) -> None:
+    """The archive here, on the cluster side, and unpacked on the nodes: removed."""
+    (packs._cache_dir() / env.archive_name).unlink(missing_ok=True)
+    unpacked = f"/tmp/jsr-$(id -u)/env-{env.kind}-{env.key}"
+    script = f'rm -rf -- "$1" {unpacked}'
+    remote = packs.remote_archive(env, root)
+    run_sync(transport.run(["sh", "-c", script, "sh", remote]))
+
+
+def one_up(transport, state_dir: str) -> dict:
+    spec = cluster_spec(nodes=2, python=None, setup=(), environment="pack")
+    cluster = SlurmRayCluster(spec, transport, registry=Registry(state_dir), poll_interval=1)
+    seen: dict = {}
+    started = time.monotonic()
+    try:
+        cluster.up()
+        seen["up_seconds"] = round(time.monotonic() - started, 1)
+        seen["state"] = cluster.state.value
+        seen["tasks"] = run_tasks()
+        seen["env_pack_events"] = [e for e in cluster.events if e.get("event") == "env_pack"]
+        first = cluster.events[0]["t"] if cluster.events else 0.0
+        seen["timeline"] = [
+            (round(e["t"] - first, 1), e.get("role"), e["event"], e.get("phase", ""))
+            for e in cluster.events
+        ]
+    finally:
+        status = cluster.down()
+        seen["final_state"] = status.state.value
+        seen["job_id"] = cluster.job_id
+        seen["job_dir"] = cluster.job_dir
+        cluster.close()
+    return seen
+
+
+def main() -> None:
+    testbed = testbed_from_environment()
+    assert testbed is not None, "run inside the testbed (JSR_* variables)"
+    transport = ssh_transport(testbed)
+    env = packs.describe_environment()
+    root = run_sync(transport.expand_path(cluster_spec().job_dir_root))
+    forget_every_copy(transport, env, root)
+    result = {"archive": packs.remote_archive(env, root), "kind": env.kind}
+    result["first"] = one_up(transport, sys.argv[1])
+    result["second"] = one_up(transport, sys.argv[1])
+    size = run_sync(transport.run(["stat", "-c", "%s", result["archive"]])).stdout
+    result["archive_bytes"] = int(size.strip())
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
