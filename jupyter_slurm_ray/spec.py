@@ -239,6 +239,9 @@ class ClusterSpec:
         self._check_ports()
         if self.mode == "local" and self.nodes != 1:
             raise SpecError("nodes", self.nodes, "1 in local mode (Ray runs as one node here)")
+        if self.environment == "pack" and self.container is not None:
+            allowed = "'kernel' when container is set (Ray comes from the image)"
+            raise SpecError("environment", "pack", allowed)
 
     def _check_ports(self) -> None:
         block = self.block_size

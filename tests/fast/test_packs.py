@@ -83,6 +83,8 @@ def test_the_setting_takes_kernel_or_pack() -> None:
     assert ClusterSpec(environment="pack").environment == "pack"
     with pytest.raises(SpecError, match="environment"):
         ClusterSpec(environment="conda")
+    with pytest.raises(SpecError, match="Ray comes from the image"):
+        ClusterSpec(environment="pack", container="/images/ray.sif")
 
 
 def test_with_a_pack_the_job_names_it_and_the_bootstrap_runs_on_python3() -> None:
