@@ -24,6 +24,7 @@ from typing import Any
 
 from . import connect as ray_client
 from . import submission
+from .adapt import ClusterAdapting
 from .aio import blocking, run_sync
 from .clientside import ClientSide
 from .clusterscaling import ClusterScaling
@@ -59,7 +60,7 @@ Observer = Callable[[Status], None]
 _owned: weakref.WeakSet[SlurmRayCluster] = weakref.WeakSet()
 
 
-class SlurmRayCluster(ClusterScaling):
+class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     """A Ray cluster inside a Slurm allocation.
 
     >>> cluster = SlurmRayCluster(ClusterSpec(nodes=2, time="1:00:00"))
@@ -310,6 +311,7 @@ class SlurmRayCluster(ClusterScaling):
         The lease is released first: should Slurm not answer the cancel, the cluster still
         stops itself once its lease is stale (``idle_timeout``).
         """
+        await self.stop_adapting_async()
         await self.disconnect_async()
         if self._status.job_id is None or self._status.state.is_final:
             self._client.close_forwards()
@@ -463,6 +465,7 @@ class SlurmRayCluster(ClusterScaling):
             status,
             nodes_wanted=self.spec.nodes + self.workers.wanted,
             worker_jobs=self.workers.views(),
+            scaling=self._scaling_lines(),
         )
         if status.state.is_final and self._client.connected:
             self._client.lost()

@@ -141,6 +141,12 @@ class SlurmRay(_ClusterSettings):
     record_retention_days = _trait(
         "float", "Days an ended cluster's record is kept before it is forgotten (default 7)."
     )
+    adapt_idle_timeout = _trait(
+        "float", "Seconds a worker node runs nothing before `adapt` retires it (default 60)."
+    )
+    adapt_max_pending = _trait(
+        "int", "Worker jobs `adapt` lets wait in Slurm's queue at once (default 2)."
+    )
     # -- where Slurm runs -----------------------------------------------------------------
     login_host = _trait(
         "text", "Login node to reach over SSH; unset means Slurm runs on this machine."
@@ -161,6 +167,8 @@ class SlurmRay(_ClusterSettings):
         "steady_poll_interval",
         "submit_timeout",
         "record_retention_days",
+        "adapt_idle_timeout",
+        "adapt_max_pending",
     )
     def _positive_seconds(self, proposal: Any) -> Any:
         value = proposal["value"]

@@ -12,6 +12,7 @@ import dataclasses
 import shlex
 from typing import Any, NoReturn
 
+from .adaptcommand import add_adapt_arguments
 from .commands import NAME_HELP, add_arguments, add_scale_arguments
 from .errors import ArgumentError, HelpRequested
 from .spec import ClusterSpec
@@ -164,6 +165,13 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         "through Ray and cancelled (pending ones first).",
     )
     add_scale_arguments(scale, _NAME_HELP)
+
+    adapt = add(
+        "adapt",
+        "Scale a cluster between --minimum and --maximum Ray nodes in all as Ray's pending "
+        "work needs (worker jobs submitted, idle ones retired), or --off.",
+    )
+    add_adapt_arguments(adapt, _NAME_HELP)
 
     forget = add("forget", "Delete the record of an ended cluster (its job dir stays).")
     add_arguments("forget", forget, NAME_HELP)

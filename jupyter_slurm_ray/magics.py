@@ -16,6 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from . import commands
+from .adaptcommand import adapt_command
 from .aio import run_sync
 from .cluster import SlurmRayCluster
 from .config import SPEC_SETTINGS, SlurmRay, effective_setting, load_profiles, profiles_path
@@ -44,6 +45,8 @@ _SESSION_SETTINGS = (
     "steady_poll_interval",
     "submit_timeout",
     "record_retention_days",
+    "adapt_idle_timeout",
+    "adapt_max_pending",
     "login_host",
     "login_user",
     "login_port",
@@ -55,9 +58,9 @@ _SESSION_SETTINGS = (
 
 @magics_class
 class SlurmRayMagics(Magics):
-    """``%slurm_ray COMMAND …``: up, down, status, list, logs, extend, scale, attach, connect,
-    disconnect, forget, script, dashboard, config, panel, doctor. ``%slurm_ray --help`` lists
-    them."""
+    """``%slurm_ray COMMAND …``: up, down, status, list, logs, extend, scale, adapt, attach,
+    connect, disconnect, forget, script, dashboard, config, panel, doctor. ``%slurm_ray --help``
+    lists them."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -184,6 +187,9 @@ class SlurmRayMagics(Magics):
 
     def _scale(self, args: argparse.Namespace, cell: str | None) -> None:
         print("\n".join(commands.scale(self.session, args.name, args.nodes)))
+
+    def _adapt(self, args: argparse.Namespace, cell: str | None) -> None:
+        print("\n".join(adapt_command(self.session, args)))
 
     def _forget(self, args: argparse.Namespace, cell: str | None) -> None:
         print("\n".join(commands.forget(self.session, args.name, ended=args.ended)))

@@ -8,7 +8,13 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .formatting import format_duration, status_line, usage_summary, walltime_left
+from .formatting import (
+    format_duration,
+    scaling_text,
+    status_line,
+    usage_summary,
+    walltime_left,
+)
 from .naming import DASHBOARD_BASE_ENV
 from .queueinfo import QueueInsight, queue_insight
 from .states import State, Status
@@ -100,6 +106,7 @@ def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
         f"{status.nodes_joined}/{status.nodes_wanted} joined"
         + (f" ({', '.join(status.nodes)})" if status.nodes else ""),
     )
+    yield from _scaling_rows(status)
     request = [f"{spec.nodes} × {spec.cpus_per_node or 'default'} CPU"]
     if spec.gpus_per_node:
         request.append(f"{spec.gpus_per_node} GPU per node")
@@ -115,6 +122,18 @@ def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
     if usage is not None:
         yield "usage", usage_summary(usage)
     yield "cluster id", cluster.id
+
+
+def _scaling_rows(status: Status) -> Iterable[tuple[str, str]]:
+    """Worker jobs (alive / wanted / pending with Slurm's reason and estimated start) and the
+    adaptive policy's settings and last decisions (issue 9, item 6)."""
+    summary = scaling_text(status)
+    if summary:
+        yield "worker jobs", summary
+        for job in status.worker_jobs_pending:
+            yield "", job.describe()
+    for i, line in enumerate(status.scaling):
+        yield ("adaptive" if i == 0 else ""), line
 
 
 def cluster_mimebundle(

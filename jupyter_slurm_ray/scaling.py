@@ -120,6 +120,7 @@ class WorkerJob:
     joined: bool = False
     leaving: bool = False  # asked to drain, or leaving by itself
     submitted_at: float = 0.0
+    estimated_start: str | None = None  # Slurm's estimate (squeue %S) while PENDING
 
     @property
     def ended(self) -> bool:
@@ -130,7 +131,9 @@ class WorkerJob:
         return self.state == "PENDING"
 
     def view(self) -> WorkerJobStatus:
-        return WorkerJobStatus(self.job_id, self.state, self.reason, self.host, self.joined)
+        return WorkerJobStatus(
+            self.job_id, self.state, self.reason, self.host, self.joined, self.estimated_start
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkerJob | None:
@@ -196,6 +199,8 @@ class WorkerJobs:
             job.state = info.state
             job.reason = info.reason if info.is_pending or info.is_final else None
             job.host = info.nodes[0] if info.nodes else job.host
+            start = info.start_time if info.is_pending else None
+            job.estimated_start = start.strftime("%Y-%m-%d %H:%M") if start else None
         return asdict(job) != before
 
     def note_events(self, events: Iterable[Mapping[str, Any]]) -> None:
@@ -340,7 +345,20 @@ class WorkerJobs:
     ) -> list[str]:
         """``count`` fewer worker jobs: pending ones cancelled at once; running ones drained
         (the drain file read by their bootstrap), then cancelled once ended or timed out."""
-        chosen = self.to_retire(count)
+        return await self._retire(self.to_retire(count), job_dir, drain_timeout, poll)
+
+    async def retire_ids(
+        self, ids: Iterable[str], job_dir: str, *, drain_timeout: float, poll: Callable[[], None]
+    ) -> list[str]:
+        """These active worker jobs retired, as by :meth:`retire` (the adaptive policy's idle
+        ones); one scaling move at a time."""
+        async with self._lock:
+            chosen = [job for job in self.active() if job.job_id in set(ids)]
+            return await self._retire(chosen, job_dir, drain_timeout, poll)
+
+    async def _retire(
+        self, chosen: list[WorkerJob], job_dir: str, drain_timeout: float, poll: Callable[[], None]
+    ) -> list[str]:
         for job in chosen:
             job.leaving = True
         pending = [job for job in chosen if job.pending]

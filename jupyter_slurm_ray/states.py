@@ -67,10 +67,12 @@ class WorkerJobStatus:
     reason: str | None = None  # Slurm's pending reason, or why it ended
     host: str | None = None
     joined: bool = False  # its Ray node joined the head
+    estimated_start: str | None = None  # Slurm's estimate while PENDING
 
     def describe(self) -> str:
         if self.state == "PENDING":
-            return f"job {self.job_id} PENDING ({self.reason or 'no reason yet'})"
+            start = f", est. start {self.estimated_start}" if self.estimated_start else ""
+            return f"job {self.job_id} PENDING ({self.reason or 'no reason yet'}){start}"
         where = f" on {self.host}" if self.host else ""
         joined = ", joined" if self.joined else ", joining" if self.state == "RUNNING" else ""
         return f"job {self.job_id} {self.state}{where}{joined}"
@@ -100,6 +102,8 @@ class Status:
     notice: str | None = None
     # The extra worker jobs (scaling) Slurm may still run; nodes_wanted counts those wanted.
     worker_jobs: tuple[WorkerJobStatus, ...] = ()
+    # Adaptive scaling (adapt.py): its settings, a failure, its last decisions with their cause.
+    scaling: tuple[str, ...] = ()
 
     @property
     def worker_jobs_pending(self) -> tuple[WorkerJobStatus, ...]:

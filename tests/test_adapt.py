@@ -1,0 +1,226 @@
+"""Adaptive scaling on the real testbed (issue 9, item 4): Ray's pending tasks grow the cluster
+with worker jobs and idle ones are retired (no submit/cancel loop); with the partition held by
+another user, adapt keeps at most max_pending jobs waiting, PENDING with Slurm's reason, the same
+ones poll after poll, and they join once the blocker ends; bad input changes nothing.
+
+One-CPU Ray nodes, each its own Slurm node (``exclusive``), so every Ray node has its own
+address; the head's node is one of the testbed's three.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.watch import watcher_for
+
+from .helpers.clusters import cluster_spec, last_json_line, processes_of
+from .helpers.jobs import in_queue, queue_state
+from .helpers.testbed import runuser
+from .helpers.waiting import wait_for
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
+IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it
+
+WORKLOAD = """
+import json, socket, sys, time, ray
+from jupyter_slurm_ray.connect import connect_ray_client
+connect_ray_client(sys.argv[1], sys.argv[2], timeout=30)
+
+@ray.remote(num_cpus=1)
+def work(i, seconds):
+    time.sleep(seconds)
+    return i, socket.gethostname()
+
+refs = [work.remote(i, float(sys.argv[4])) for i in range(int(sys.argv[3]))]
+print("submitted", flush=True)
+done = ray.get(refs)
+print(json.dumps({"done": sorted(i for i, _ in done), "hosts": sorted({h for _, h in done})}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    registry = Registry(tmp_path_factory.mktemp("state"))
+    spec = cluster_spec(cpus_per_node=1, exclusive=True, idle_timeout=60)
+    cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
+    cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
+    yield cluster
+    cluster.down()
+    leftover = [job_id for job_id in cluster.workers.jobs if in_queue(job_id)]
+    subprocess.run(["scancel", *leftover], check=False, capture_output=True)
+    assert not leftover, f"worker jobs left in the queue: {leftover}"
+    wait_for(lambda: not processes_of(cluster.job_dir), 30, "the cluster's processes to end")
+    record = registry.load(cluster.id)
+    assert record is not None and record.state in ("CANCELLED", "STOPPED")
+
+
+def start_workload(cluster: SlurmRayCluster, tasks: int, seconds: float) -> subprocess.Popen:
+    token = cluster.registry.store_token(
+        cluster.id, Path(f"{cluster.job_dir}/ray_token").read_text().strip()
+    )
+    info = cluster.connection_info()
+    address = f"ray://{info.head_ip}:{info.client_port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    program = textwrap.dedent(WORKLOAD)
+    workload = subprocess.Popen(
+        [sys.executable, "-c", program, address, str(token), str(tasks), str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert workload.stdout is not None
+    assert workload.stdout.readline().strip() == "submitted"
+    return workload
+
+
+def finish(workload: subprocess.Popen) -> dict:
+    try:
+        out, err = workload.communicate(timeout=240)
+    finally:
+        if workload.poll() is None:
+            workload.kill()
+    try:
+        return last_json_line(out)
+    except AssertionError:
+        raise AssertionError(f"the workload failed: {err[-2000:]}") from None
+
+
+def adapt_moves(cluster: SlurmRayCluster) -> tuple[list[str], list[str]]:
+    """Every worker job adapt submitted and retired, from its ``scaled`` events."""
+    cluster.refresh()
+    submitted, retired = [], []
+    for event in unique_events(cluster):
+        if event.get("event") == "scaled" and str(event.get("cause")).startswith("adapt:"):
+            submitted += event["submitted"]
+            retired += event["retired"]
+    return submitted, retired
+
+
+def unique_events(cluster: SlurmRayCluster) -> list[dict]:
+    """The cluster's events, each once (a refresh racing the watcher's tick may read a line
+    twice: seen in this test's first runs)."""
+    seen, unique = set(), []
+    for event in cluster.events:
+        key = json.dumps(event, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append(event)
+    return unique
+
+
+def alive(cluster: SlurmRayCluster) -> int:
+    return cluster.refresh().nodes_joined
+
+
+def test_bad_input_is_one_line_and_changes_nothing(cluster):
+    before = (cluster.status.nodes_wanted, dict(cluster.workers.jobs))
+    bad = [
+        dict(minimum=-1, maximum=3),
+        dict(minimum=1, maximum=1.5),
+        dict(minimum="two", maximum=3),
+        dict(minimum=3, maximum=2),
+        dict(minimum=1, maximum=3, idle_timeout=-1),
+        dict(minimum=1, maximum=3, max_pending=0),
+        dict(minimum=1, maximum=3, group="gpu"),
+    ]
+    for kwargs in bad:
+        with pytest.raises(SpecError) as caught:
+            cluster.adapt(**kwargs)
+        assert "\n" not in str(caught.value)
+    assert cluster.adapting is None
+    assert (cluster.status.nodes_wanted, dict(cluster.workers.jobs)) == before
+
+
+def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
+    cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
+    try:
+        workload = start_workload(cluster, tasks=12, seconds=12)
+        wait_for(lambda: alive(cluster) == 3, QUEUE_WAIT, "3 nodes alive")
+        result = finish(workload)
+        assert result["done"] == list(range(12))
+        assert len(result["hosts"]) == 3  # the worker nodes did work
+        wait_for(
+            lambda: cluster.refresh().nodes_wanted == 1 and not cluster.status.worker_jobs,
+            90,
+            "adapt to shrink to the minimum",
+        )
+        # the decision's event follows the drained job's end
+        wait_for(lambda: len(adapt_moves(cluster)[1]) >= 2, 30, "both retirements told")
+        submitted, retired = adapt_moves(cluster)
+    finally:
+        cluster.stop_adapting()
+    assert len(submitted) == 2, submitted  # exactly the two it needed: no loop
+    assert sorted(retired) == sorted(submitted)
+    assert sorted(cluster.workers.jobs) == sorted(submitted)  # no other sbatch
+    for job_id in submitted:
+        wait_for(lambda job_id=job_id: not in_queue(job_id), 30, f"worker job {job_id} to end")
+    causes = [e["cause"] for e in cluster.events if e.get("event") == "scaled"]
+    assert any("pending tasks/actors need" in cause for cause in causes)
+    assert any("idle" in cause for cause in causes)
+    assert alive(cluster) == 1
+
+
+@pytest.fixture
+def blocker():
+    """bob's job holding the testbed's other two nodes."""
+    done = subprocess.run(
+        [*runuser("bob"), "sbatch", "--parsable", "-N2", "--exclusive", "-t", "5",
+         "-J", "adapt-blocker", "-D", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: queue_state(job_id) != "PENDING", QUEUE_WAIT, "bob's job to start")
+        assert queue_state(job_id) == "RUNNING"
+        yield job_id
+    finally:
+        subprocess.run(["scancel", job_id], check=False, capture_output=True)
+
+
+def test_a_full_partition_keeps_max_pending_jobs_waiting_without_churn(cluster, blocker):
+    cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=1)
+    try:
+        # the head alone would need 80 s: the demand lasts until the worker node joins
+        workload = start_workload(cluster, tasks=4, seconds=20)
+        wait_for(lambda: cluster.refresh().worker_jobs_pending, 60, "a worker job PENDING")
+        watcher = watcher_for(cluster.transport)
+        waiting = [job.job_id for job in cluster.status.worker_jobs]
+        polls = watcher.polls
+        wait_for(lambda: watcher.polls >= polls + 4, 60, "four more polls")
+        status = cluster.refresh()
+        assert [job.job_id for job in status.worker_jobs] == waiting  # no churn
+        assert len(waiting) == 1  # max_pending, though the demand wants 2 more nodes
+        (pending,) = status.worker_jobs_pending
+        assert pending.reason in ("Resources", "Priority", "ReqNodeNotAvail")
+        shown = cluster._repr_mimebundle_()["text/plain"]
+        assert f"job {pending.job_id} PENDING ({pending.reason}" in shown
+        assert "adapting 1-3 nodes" in shown
+        assert queue_state(pending.job_id) == "PENDING"
+        subprocess.run(["scancel", blocker], check=True)
+        result = finish(workload)
+        assert result["done"] == list(range(4))
+        submitted, _ = adapt_moves(cluster)
+        assert submitted[0] == waiting[0]  # the job that waited is the one that joined
+        assert any(e.get("worker_job") == waiting[0] for e in cluster.events
+                   if e.get("event") == "worker_joined")  # fmt: skip
+        wait_for(
+            lambda: cluster.refresh().nodes_wanted == 1 and not cluster.status.worker_jobs,
+            90,
+            "adapt to shrink to the minimum",
+        )
+    finally:
+        cluster.stop_adapting()
