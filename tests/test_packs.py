@@ -68,7 +68,11 @@ def test_a_pack_from_the_laptop_is_built_once_unpacked_on_each_node_and_reused(t
         wait_until_nothing_left(run["job_id"], run["job_dir"])
     assert [e["reused"] for e in first["env_pack_events"]].count(False) == 1  # one unpack
     assert all(e["reused"] for e in second["env_pack_events"])
-    assert len(second["env_pack_events"]) == 2  # head and worker
+    assert len(second["env_pack_events"]) >= 2  # head and worker (and the worker job)
+    scaled = second["scaled_tasks"]  # a worker job joined (maybe beside a node of the
+    assert len(scaled) == 3  # cluster): it found the pack in the job dir and runs it too
+    assert all(marker.startswith(unpacked) for _, marker, _ in scaled)
+    assert [e for e in second["env_pack_events"] if e.get("worker_job")]
 
 
 def alice_uid() -> int:

@@ -53,7 +53,25 @@ def forget_every_copy(transport, env: packs.EnvironmentToPack, root: str) -> Non
     run_sync(transport.run(["sh", "-c", script, "sh", remote]))
 
 
-def one_up(transport, state_dir: str) -> dict:
+def alive_nodes() -> int:
+    return sum(1 for node in ray.nodes() if node["Alive"])
+
+
+def scale_out(cluster: SlurmRayCluster, seen: dict) -> None:
+    """One worker job more: its bootstrap finds the pack in the job dir (no JSR_ENV_PACK)."""
+    cluster.scale(3)
+    deadline = time.monotonic() + 300
+    while alive_nodes() < 3 and time.monotonic() < deadline:  # other tests may hold nodes
+        time.sleep(1)
+    seen["scaled_tasks"] = run_tasks()
+    deadline = time.monotonic() + 20  # its events reach this process with the next polls
+    while not [e for e in cluster.events if e.get("worker_job") and e["event"] == "env_pack"]:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+
+
+def one_up(transport, state_dir: str, scale: bool = False) -> dict:
     spec = cluster_spec(nodes=2, python=None, setup=(), environment="pack")
     cluster = SlurmRayCluster(spec, transport, registry=Registry(state_dir), poll_interval=1)
     seen: dict = {}
@@ -63,6 +81,8 @@ def one_up(transport, state_dir: str) -> dict:
         seen["up_seconds"] = round(time.monotonic() - started, 1)
         seen["state"] = cluster.state.value
         seen["tasks"] = run_tasks()
+        if scale:
+            scale_out(cluster, seen)
         seen["env_pack_events"] = [e for e in cluster.events if e.get("event") == "env_pack"]
         first = cluster.events[0]["t"] if cluster.events else 0.0
         seen["timeline"] = [
@@ -87,7 +107,7 @@ def main() -> None:
     forget_every_copy(transport, env, root)
     result = {"archive": packs.remote_archive(env, root), "kind": env.kind}
     result["first"] = one_up(transport, sys.argv[1])
-    result["second"] = one_up(transport, sys.argv[1])
+    result["second"] = one_up(transport, sys.argv[1], scale=True)
     size = run_sync(transport.run(["stat", "-c", "%s", result["archive"]])).stdout
     result["archive_bytes"] = int(size.strip())
     print(json.dumps(result), flush=True)
