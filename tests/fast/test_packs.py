@@ -172,3 +172,46 @@ def test_the_setting_is_a_trait_and_a_magic_option() -> None:
     assert "environment" in SlurmRay.class_traits()
     line = parse("up -N 2 -t 10 --environment pack")
     assert spec_arguments(line)["environment"] == "pack"
+
+
+def _fake_tool(tmp_path: Path) -> tuple[str, Path]:
+    """A packing tool that writes its --output argument and counts its runs."""
+    runs = tmp_path / "runs"
+    tool = tmp_path / "venv-pack"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo run >> "{runs}"\n'
+        'while [ "$1" != --output ]; do shift; done\n'
+        'echo archive > "$2"\n'
+    )
+    tool.chmod(0o755)
+    return str(tool), runs
+
+
+async def test_shipping_here_packs_into_the_root_once_then_reuses(tmp_path, monkeypatch) -> None:
+    from jupyter_slurm_ray.transport import LocalTransport
+
+    tool, runs = _fake_tool(tmp_path)
+    monkeypatch.setattr(packs, "find_tool", lambda env: tool)
+    env = packs.EnvironmentToPack("venv", "/e/v", "e" * 16)
+    root = str(tmp_path / "jobs")
+    first = await packs.ship_pack(LocalTransport(), env, root)
+    assert first == f"{root}/packs/env-venv-{'e' * 16}.tar.gz"
+    assert Path(first).read_text() == "archive\n"
+    assert await packs.ship_pack(LocalTransport(), env, root) == first
+    assert runs.read_text() == "run\n"  # packed once
+    assert [p.name for p in Path(first).parent.iterdir()] == [Path(first).name]  # no temp
+
+
+async def test_shipping_elsewhere_sends_the_cached_archive(tmp_path, monkeypatch) -> None:
+    from jupyter_slurm_ray.transport import LocalTransport
+
+    tool, _ = _fake_tool(tmp_path)
+    monkeypatch.setattr(packs, "find_tool", lambda env: tool)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = packs.EnvironmentToPack("venv", "/e/v", "f" * 16)
+    elsewhere = LocalTransport(["env"])  # a command prefix: not this process's own files
+    sent = await packs.ship_pack(elsewhere, env, str(tmp_path / "jobs"))
+    cached = tmp_path / "cache" / "jupyter-slurm-ray" / "packs" / env.archive_name
+    assert Path(sent).read_bytes() == cached.read_bytes() == b"archive\n"
+    assert oct(Path(sent).stat().st_mode & 0o777) == "0o600"
