@@ -115,7 +115,7 @@ def _extend(session: Session, args: argparse.Namespace, ask: Ask) -> int:
 def _scale(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     if not args.name:
         raise SlurmRayError("give the node count and a cluster NAME, e.g. scale 3 ray")
-    print("\n".join(commands.scale(session, args.name, args.nodes)))
+    print("\n".join(commands.scale(session, args.name, args.nodes, args.group)))
     return 0
 
 

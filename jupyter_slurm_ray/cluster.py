@@ -104,6 +104,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self._events_seen = 0  # events looked at for worker jobs and scale requests
         self._owning_since = float("inf")  # scale requests made after this are applied
         self._requests: set[asyncio.Future[None]] = set()  # scale requests being applied
+        self._rotations: set[asyncio.Future[None]] = set()  # a worker job rotation under way
         self._stopping = False
         self._detached = False
         self._recorded = False  # written once: later writes never re-create a forgotten record
@@ -317,6 +318,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             self._client.close_forwards()
             return self._status
         self._stopping = True
+        self._stop_rotating()
         self.lease.release()
         self._update_state()
         await self.workers.cancel_all()

@@ -17,6 +17,7 @@ from .scaling import checked_node_count
 from .session import Session
 from .slurm import SlurmClient
 from .walltime import parse_extension
+from .workergroups import checked_name
 
 if TYPE_CHECKING:
     from .doctor import Report
@@ -58,6 +59,9 @@ def add_scale_arguments(parser: argparse.ArgumentParser, name_help: str) -> None
     """``scale N [NAME]``, in the magic and the CLI (N checked by the cluster, one line)."""
     parser.add_argument("nodes", metavar="N", help=NODES_HELP)
     parser.add_argument("name", nargs="?", help=name_help)
+    parser.add_argument(
+        "--group", help="a worker group of the cluster: N is then its worker jobs (0 or more)"
+    )
 
 
 def list_table(session: Session) -> str:
@@ -86,18 +90,25 @@ def down(session: Session, name: str | None, *, everything: bool = False) -> lis
     return lines
 
 
-def scale(session: Session, name: str | None, nodes: str | int) -> list[str]:
+def scale(
+    session: Session, name: str | None, nodes: str | int, group: str | None = None
+) -> list[str]:
     """Scale the cluster ``name`` (None: this kernel's current one) to ``nodes`` Ray nodes in
-    all. Its owner scales it; any other process asks the owner (a ``scale_request`` event)."""
+    all (or, with a worker ``group``, to ``nodes`` worker jobs of it). Its owner scales it;
+    any other process asks the owner (a ``scale_request`` event)."""
     count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
+    if group is not None:
+        checked_name("group", group)
     cluster = session.find(name)
+    of = f" of group {group}" if group else ""
     if cluster.owned_here:
-        status = cluster.scale(count)
+        status = cluster.scale(count, group=group)
         pending = status.worker_jobs_pending
         waiting = f"; {len(pending)} worker job(s) pending" if pending else ""
-        return [f"{cluster.spec.name}: {status.nodes_joined}/{status.nodes_wanted} nodes{waiting}"]
-    cluster.request_scale(count)
-    return [f"{cluster.spec.name}: scaling to {count} nodes asked of its owner (it applies it)"]
+        line = f"{cluster.spec.name}: {status.nodes_joined}/{status.nodes_wanted} nodes{waiting}"
+        return [line + (f" (group {group}: {count} wanted)" if group else "")]
+    cluster.request_scale(count, group)
+    return [f"{cluster.spec.name}: scaling to {count} nodes{of} asked of its owner (it applies it)"]
 
 
 def extend(session: Session, name: str | None, amount: str) -> list[str]:

@@ -75,6 +75,7 @@ _KINDS: dict[str, Callable[[str], TraitType]] = {
     "lines": lambda h: List(Unicode(), default_value=None, allow_none=True, help=h),
     "ints": lambda h: List(Int(), default_value=None, allow_none=True, help=h),
     "mapping": lambda h: Dict(value_trait=Unicode(), default_value=None, allow_none=True, help=h),
+    "groups": lambda h: Dict(value_trait=Dict(), default_value=None, allow_none=True, help=h),
 }
 
 
@@ -208,7 +209,7 @@ def _from_env(setting: str, text: str) -> Any:
     try:
         if setting in _ARGV_LISTS:
             return shlex.split(text)
-        if setting == "env":
+        if setting in ("env", "worker_groups"):
             value = json.loads(text)
             if not isinstance(value, dict):
                 raise ValueError("not a JSON object")

@@ -4,9 +4,10 @@ cluster (the magics, the panel, the reprs, the CLI)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .states import State, Status
+from .states import State, Status, WorkerJobStatus
 
 if TYPE_CHECKING:
     from .queueinfo import QueueInsight
@@ -102,16 +103,25 @@ def status_line(
 
 def scaling_text(status: Status) -> str | None:
     """A scaled cluster's nodes: ``3/4 nodes alive, worker jobs: 2 running, 1 pending
-    (Resources)``; None for a cluster without worker jobs."""
+    (Resources)``, by group when it has others than the default (``…, worker jobs: default:
+    1 running; gpu: 1 pending (Resources)``); None for a cluster without worker jobs."""
     jobs = status.worker_jobs
     if not jobs or status.state.is_final:
         return None
-    pending = status.worker_jobs_pending
+    alive = f"{status.nodes_joined}/{status.nodes_wanted} nodes alive"
+    groups = sorted({job.group for job in jobs}, key=lambda name: (name != "default", name))
+    if groups == ["default"]:
+        return f"{alive}, worker jobs: {_jobs_text(jobs)}"
+    parts = [f"{g}: {_jobs_text([j for j in jobs if j.group == g])}" for g in groups]
+    return f"{alive}, worker jobs: " + "; ".join(parts)
+
+
+def _jobs_text(jobs: Sequence[WorkerJobStatus]) -> str:
+    """``2 running, 1 pending (Resources)``."""
+    pending = [job for job in jobs if job.state == "PENDING"]
     reasons = sorted({job.reason or "no reason yet" for job in pending})
     waiting = f", {len(pending)} pending ({', '.join(reasons)})" if pending else ""
-    running = len(jobs) - len(pending)
-    alive = f"{status.nodes_joined}/{status.nodes_wanted} nodes alive"
-    return f"{alive}, worker jobs: {running} running{waiting}"
+    return f"{len(jobs) - len(pending)} running{waiting}"
 
 
 def usage_summary(usage: Usage) -> str:

@@ -16,6 +16,7 @@ from .adaptcommand import add_adapt_arguments
 from .commands import NAME_HELP, add_arguments, add_scale_arguments
 from .errors import ArgumentError, HelpRequested
 from .spec import ClusterSpec
+from .workergroups import parse_group_option
 
 __all__ = [
     "SUBCOMMANDS",
@@ -56,6 +57,7 @@ _SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--container",), "container"),
     (("--container-runtime",), "container_runtime"),
     (("--environment",), "environment"),
+    (("--worker-rotation",), "worker_rotation"),
 )
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(ClusterSpec)}
 
@@ -76,6 +78,13 @@ def _add_spec_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", help=_HELP["name"])
     parser.add_argument("--profile", help="a profile from the profiles file")
+    parser.add_argument(
+        "--worker-group",
+        action="append",
+        metavar="GROUP:KEY=VALUE,...",
+        help="a worker group for scale/adapt, e.g. gpu:partition=gpu,gpus_per_node=1 "
+        "(repeatable; added to the configured ones)",
+    )
 
 
 def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +105,8 @@ def spec_arguments(args: argparse.Namespace) -> dict[str, Any]:
     arguments["exclusive"] = args.exclusive
     arguments["name"] = args.name
     arguments["mode"] = "local" if getattr(args, "local", False) else None
+    groups = [parse_group_option(text) for text in getattr(args, "worker_group", None) or ()]
+    arguments["worker_groups"] = dict(groups) if groups else None
     return arguments
 
 

@@ -186,7 +186,7 @@ class SlurmRayMagics(Magics):
         print("\n".join(commands.extend(self.session, args.name, args.amount)))
 
     def _scale(self, args: argparse.Namespace, cell: str | None) -> None:
-        print("\n".join(commands.scale(self.session, args.name, args.nodes)))
+        print("\n".join(commands.scale(self.session, args.name, args.nodes, args.group)))
 
     def _adapt(self, args: argparse.Namespace, cell: str | None) -> None:
         print("\n".join(adapt_command(self.session, args)))

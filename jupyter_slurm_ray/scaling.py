@@ -33,10 +33,18 @@ from .spec import ClusterSpec
 from .states import WORKER_ENDED, WorkerJobStatus
 from .transport import Transport
 from .watch import Answer, JobWatcher
+from .workergroups import DEFAULT_GROUP, group_spec
 
 log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = "workers.sbatch"
+
+
+def worker_script_name(group: str) -> str:
+    """The file, in the job dir, of a group's worker job script."""
+    return WORKER_SCRIPT if group == DEFAULT_GROUP else f"workers-{group}.sbatch"
+
+
 SCALE_REQUEST = "scale_request"  # the event another process appends to ask the owner to scale
 # Constant program (``sh -c APPEND sh LINE FILE``): one line appended to the events file.
 _APPEND = 'printf "%s\\n" "$1" >> "$2"'
@@ -69,10 +77,14 @@ async def append_event(transport: Transport, job_dir: str, event: str, **fields:
     await transport.run(["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"])
 
 
-async def request_scale(transport: Transport, job_dir: str, nodes: int) -> None:
-    """Ask the cluster's owner to scale to ``nodes``: a ``scale_request`` event appended to
-    its ``events.jsonl``, which the owner reads every tick anyway (no new file, no new poll)."""
-    await append_event(transport, job_dir, SCALE_REQUEST, nodes=nodes)
+async def request_scale(
+    transport: Transport, job_dir: str, nodes: int, group: str | None = None
+) -> None:
+    """Ask the cluster's owner to scale to ``nodes`` (of ``group``): a ``scale_request`` event
+    appended to its ``events.jsonl``, which the owner reads every tick anyway (no new file, no
+    new poll)."""
+    fields: dict[str, Any] = {"nodes": nodes} if group is None else {"nodes": nodes, "group": group}
+    await append_event(transport, job_dir, SCALE_REQUEST, **fields)
 
 
 def request_cause(event: Mapping[str, Any]) -> str:
@@ -101,12 +113,15 @@ def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
     return max(1, int((time_left - max(0.0, now - at)) // 60))
 
 
-def requested_nodes(event: Mapping[str, Any], since: float) -> int | None:
-    """The node count of a scale request made after ``since`` (this owner's start), else None."""
-    nodes, t = event.get("nodes"), event.get("t")
+def requested_nodes(event: Mapping[str, Any], since: float) -> tuple[int, str | None] | None:
+    """(node count, group or None) of a scale request made after ``since`` (this owner's
+    start), else None."""
+    nodes, t, group = event.get("nodes"), event.get("t"), event.get("group")
     if event.get("event") != SCALE_REQUEST or not isinstance(t, int | float) or t < since:
         return None
-    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+    if not isinstance(nodes, int) or isinstance(nodes, bool):
+        return None
+    return nodes, group if isinstance(group, str) else None
 
 
 @dataclass
@@ -121,6 +136,9 @@ class WorkerJob:
     leaving: bool = False  # asked to drain, or leaving by itself
     submitted_at: float = 0.0
     estimated_start: str | None = None  # Slurm's estimate (squeue %S) while PENDING
+    group: str = DEFAULT_GROUP  # its worker group (workergroups.py)
+    ends_at: float | None = None  # when its walltime ends (time.time()), once it runs
+    replaced_by: str | None = None  # its replacement's job id (rotation.py)
 
     @property
     def ended(self) -> bool:
@@ -132,7 +150,13 @@ class WorkerJob:
 
     def view(self) -> WorkerJobStatus:
         return WorkerJobStatus(
-            self.job_id, self.state, self.reason, self.host, self.joined, self.estimated_start
+            self.job_id,
+            self.state,
+            self.reason,
+            self.host,
+            self.joined,
+            self.estimated_start,
+            group=self.group,
         )
 
     @classmethod
@@ -157,15 +181,19 @@ class WorkerJobs:
         self.spec = spec
         self.jobs: dict[str, WorkerJob] = {}
         self._site_exported: tuple[str, ...] | None = None  # the job's variables (probed)
-        self._script_text: str | None = None  # what workers.sbatch holds now
+        self._script_text: dict[str, str] = {}  # group -> what its script holds now
         self._callbacks: dict[str, Callback] = {}  # job id -> its watcher subscription
         self._misses: dict[str, int] = {}  # answers in a row in which Slurm did not know it
         self._lock = asyncio.Lock()  # one scaling move at a time
 
     # -- what is known --------------------------------------------------------------------
-    def active(self) -> list[WorkerJob]:
-        """Jobs that count toward the wanted nodes: not ended, not leaving."""
-        return [job for job in self.jobs.values() if not job.ended and not job.leaving]
+    def active(self, group: str | None = None) -> list[WorkerJob]:
+        """Jobs that count toward the wanted nodes (of ``group``): not ended, not leaving."""
+        return [
+            job
+            for job in self.jobs.values()
+            if not job.ended and not job.leaving and group in (None, job.group)
+        ]
 
     def live_ids(self) -> list[str]:
         """Jobs Slurm may still run (to watch, or to cancel)."""
@@ -195,10 +223,14 @@ class WorkerJobs:
         before = asdict(job)
         if info is None:
             job.state, job.reason = "ENDED", job.reason or "Slurm no longer knows the job"
+        elif info.is_pending and job.joined:
+            return False  # an answer older than the job's own events: it joined
         else:
             job.state = info.state
             job.reason = info.reason if info.is_pending or info.is_final else None
             job.host = info.nodes[0] if info.nodes else job.host
+            if info.state == "RUNNING" and info.start_time and info.time_limit:
+                job.ends_at = info.start_time.timestamp() + info.time_limit
             start = info.start_time if info.is_pending else None
             job.estimated_start = start.strftime("%Y-%m-%d %H:%M") if start else None
         return asdict(job) != before
@@ -212,6 +244,8 @@ class WorkerJobs:
             kind = event.get("event")
             if isinstance(event.get("host"), str):
                 job.host = event["host"]
+            if job.pending:  # its bootstrap runs: Slurm started it (its squeue may say later)
+                job.state, job.reason, job.estimated_start = "RUNNING", None, None
             if kind == "worker_joined":
                 job.joined = True
             elif kind in ("worker_leaving", "head_gone", "owner_gone", "lease_stale"):
@@ -272,11 +306,13 @@ class WorkerJobs:
         return on_answer
 
     # -- the moves --------------------------------------------------------------------------
-    async def submit(self, count: int, job_dir: str, minutes: int | None = None) -> list[str]:
-        """``count`` more one-node worker jobs, each with a walltime of ``minutes`` (the
-        head's time left: see ``worker_minutes``; None: the spec's); their ids (those
-        submitted before a failure are kept, and the error says how many)."""
-        script = await self._script(job_dir, minutes)
+    async def submit(
+        self, count: int, job_dir: str, minutes: int | None = None, group: str = DEFAULT_GROUP
+    ) -> list[str]:
+        """``count`` more one-node worker jobs of ``group``, each with a walltime of at most
+        ``minutes`` (the head's time left: see ``worker_minutes``; None: the group's); their
+        ids (those submitted before a failure are kept, and the error says how many)."""
+        script = await self._script(job_dir, minutes, group)
         submitted: list[str] = []
         for _ in range(count):
             try:
@@ -286,19 +322,22 @@ class WorkerJobs:
                     f"submitted {len(submitted)} of {count} worker jobs; Slurm refused the "
                     f"next: {exc}"
                 ) from None
-            self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time())
+            self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time(), group=group)
             submitted.append(job_id)
         return submitted
 
-    async def _script(self, job_dir: str, minutes: int | None) -> str:
-        """The worker jobs' script in the job dir, written again when their walltime changes
-        (the site is probed once)."""
+    async def _script(self, job_dir: str, minutes: int | None, group: str) -> str:
+        """A group's worker job script in the job dir, written again when it changes (their
+        walltime: the group's, at most the head's time left; the site is probed once)."""
         directory = JobDir(self.transport, job_dir)
         if self._site_exported is None:
             self._site_exported = (
                 await probe_site(self.transport, self.spec.job_dir_root)
             ).exported
-        spec = self.spec if minutes is None else self.spec.replace(time=str(minutes))
+        spec = group_spec(self.spec, group)
+        own = spec.time_seconds
+        if minutes is not None and (own is None or minutes * 60 < own):
+            spec = spec.replace(time=str(minutes))
         command = directory.bootstrap_command(self.spec.python)
         command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
         text = render_worker_job_script(
@@ -308,10 +347,10 @@ class WorkerJobs:
             command=command,
             exported=self._site_exported,
         )
-        path = directory.file(WORKER_SCRIPT)
-        if text != self._script_text:
+        path = directory.file(worker_script_name(group))
+        if text != self._script_text.get(group):
             await self.transport.write_file(path, text, 0o600)
-            self._script_text = text
+            self._script_text[group] = text
         return path
 
     async def scale_to(
@@ -322,22 +361,22 @@ class WorkerJobs:
         drain_timeout: float,
         poll: Callable[[], None],
         minutes: int | None = None,
+        group: str = DEFAULT_GROUP,
     ) -> tuple[list[str], list[str]]:
-        """As many active worker jobs as ``workers``: (submitted ids, retired ids)."""
+        """As many active worker jobs of ``group`` as ``workers``: (submitted, retired ids)."""
         async with self._lock:
-            change = workers - self.wanted
+            change = workers - len(self.active(group))
             if change > 0:
-                return await self.submit(change, job_dir, minutes), []
+                return await self.submit(change, job_dir, minutes, group), []
             if change < 0:
-                retired = await self.retire(
-                    -change, job_dir, drain_timeout=drain_timeout, poll=poll
-                )
-                return [], retired
+                chosen = self.to_retire(-change, group)
+                return [], await self._retire(chosen, job_dir, drain_timeout, poll)
             return [], []
 
-    def to_retire(self, count: int) -> list[WorkerJob]:
-        """Which jobs go first: pending ones (newest first), then running ones (newest first)."""
-        newest = sorted(self.active(), key=lambda job: job.submitted_at, reverse=True)
+    def to_retire(self, count: int, group: str | None = None) -> list[WorkerJob]:
+        """Which jobs (of ``group``) go first: pending ones (newest first), then running ones
+        (newest first)."""
+        newest = sorted(self.active(group), key=lambda job: job.submitted_at, reverse=True)
         return ([j for j in newest if j.pending] + [j for j in newest if not j.pending])[:count]
 
     async def retire(

@@ -40,6 +40,7 @@ from .checks import (
     walltime,
 )
 from .errors import SpecError
+from .workergroups import checked_groups, group_spec
 
 __all__ = [
     "FIELD_NAMES",
@@ -209,6 +210,15 @@ class ClusterSpec:
     env: tuple[tuple[str, str], ...] = _setting(
         (), env_pairs, "mapping", "Extra environment of the job's setup lines and Ray processes."
     )
+    worker_groups: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = _setting(
+        (),
+        checked_groups,
+        "groups",
+        "Worker groups: named shapes for worker jobs, e.g. {'gpu': {'partition': 'gpu', "
+        "'gpus_per_node': 1}} (partition, account, qos, reservation, constraint, cpus_per_node, "
+        "gpus_per_node, mem_per_node, time, exclusive, extra_sbatch; setup and env add to the "
+        "cluster's). Their nodes have the Ray resource group:<name>.",
+    )
     object_store_memory: int | None = _setting(
         None,
         optional(object_store_bytes),
@@ -230,6 +240,14 @@ class ClusterSpec:
         "int",
         "Seconds before the walltime at which the cluster is warned.",
     )
+    worker_rotation: int = _setting(
+        0,
+        integer(0, 86400),
+        "int",
+        "Seconds before a worker job's walltime ends (when it ends before the head's) at which "
+        "a replacement of its group is submitted; the old one is drained once the new one "
+        "joined. 0: no rotation.",
+    )
 
     def __post_init__(self) -> None:
         for spec_field in dataclasses.fields(self):
@@ -242,6 +260,8 @@ class ClusterSpec:
         if self.environment == "pack" and self.container is not None:
             allowed = "'kernel' when container is set (Ray comes from the image)"
             raise SpecError("environment", "pack", allowed)
+        for group, _ in self.worker_groups:
+            group_spec(self, group)  # each group's values, checked as those settings are
 
     def _check_ports(self) -> None:
         block = self.block_size
@@ -291,6 +311,10 @@ class ClusterSpec:
         for key in ("extra_sbatch", "setup", "ray_start_args", "port_range"):
             data[key] = list(data[key])
         data["env"] = dict(self.env)
+        data["worker_groups"] = {
+            name: {key: _plain(value) for key, value in settings}
+            for name, settings in self.worker_groups
+        }
         return data
 
     @classmethod
@@ -302,6 +326,15 @@ class ClusterSpec:
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ClusterSpec))
+
+
+def _plain(value: Any) -> Any:
+    """A group's setting as JSON has it: a list for lines, a mapping for env."""
+    if isinstance(value, tuple):
+        if all(isinstance(item, tuple) and len(item) == 2 for item in value) and value:
+            return dict(value)
+        return list(value)
+    return value
 
 
 def _field_name(key: object, value: object) -> str:
@@ -341,6 +374,8 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[ClusterSpe
         if not isinstance(mapping, Mapping):
             raise SpecError(source, mapping, "a mapping of cluster settings")
         for name, value in _settings_of(mapping).items():
+            if name == "worker_groups":  # groups add up, by name, layer over layer
+                value = {**_groups_of(merged.get(name)), **_groups_of(value)}
             merged[name] = value
             sources[name] = source
     if merged.get("mode") == "local" and "nodes" in merged:  # one node, and say so
@@ -352,6 +387,12 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[ClusterSpe
         source = sources.get(error.field, "default")
         raise SpecError(error.field, error.value, f"{error.allowed} (set by {source})") from error
     return spec, sources
+
+
+def _groups_of(value: Any) -> dict[str, Any]:
+    if isinstance(value, tuple):
+        return {name: dict(settings) for name, settings in value}
+    return dict(value) if isinstance(value, Mapping) else {}
 
 
 def merge_layers(*layers: Mapping[str, Any]) -> ClusterSpec:

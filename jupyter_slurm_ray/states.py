@@ -68,6 +68,7 @@ class WorkerJobStatus:
     host: str | None = None
     joined: bool = False  # its Ray node joined the head
     estimated_start: str | None = None  # Slurm's estimate while PENDING
+    group: str = "default"  # its worker group
 
     def describe(self) -> str:
         if self.state == "PENDING":
@@ -147,6 +148,7 @@ def status_of_record(record: Any) -> Status:
                 job.get("reason"),
                 job.get("host"),
                 bool(job.get("joined")),
+                group=str(job.get("group") or "default"),
             )
             for job in record.worker_jobs
             if isinstance(job, Mapping) and job.get("state") not in WORKER_ENDED

@@ -96,7 +96,7 @@ class NodePlan:
             f"--num-cpus={self.cpus}",
             f"--num-gpus={self.gpus}",
             f"--object-store-memory={self.object_store}",
-            f"--resources={json.dumps({NODE_RESOURCE: 1})}",
+            f"--resources={json.dumps(node_resources())}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
             f"--node-manager-port={ports['node_manager']}",
@@ -129,6 +129,16 @@ class NodePlan:
             ray, "start", f"--address={head_address}", "--block",
             *self.common_args(config), *config.ray_start_args,
         ]  # fmt: skip
+
+
+def node_resources() -> dict[str, int]:
+    """The custom Ray resources of this node: ours, and its worker group's (a worker job's
+    script sets JSR_WORKER_GROUP): ``group:<name>``, for tasks sent to a group."""
+    resources = {NODE_RESOURCE: 1}
+    group = os.environ.get("JSR_WORKER_GROUP", "")
+    if group:
+        resources[f"group:{group}"] = 1
+    return resources
 
 
 def plan_node(

@@ -36,6 +36,7 @@ from ..targets import Transports
 from ..transport import Transport
 from ..usage import Usage, fetch_usages
 from ..walltime import extend_walltime, parse_extension, warning_due
+from ..workergroups import checked_name
 
 log = logging.getLogger(__name__)
 
@@ -197,17 +198,20 @@ class ClusterManager:
         other is asked of its owner (a ``scale_request`` event; applied False)."""
         nodes = body.get("nodes") if isinstance(body, Mapping) else None
         count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
+        group = body.get("group") if isinstance(body, Mapping) else None
+        if group is not None:
+            checked_name("group", group)
         entry = await self._entry(cluster_id)
         record = entry.record
         if record is None or not entry.active or not record.job_id:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be scaled")
         cluster = self._owned.get(cluster_id)
         if cluster is not None:
-            await cluster.scale_async(count)
+            await cluster.scale_async(count, group=group)
         else:
             transport = self.transports.for_target(record.target)
             other = SlurmRayCluster.from_record(record, transport, registry=self.registry)
-            await other.request_scale_async(count)
+            await other.request_scale_async(count, group)
         log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if cluster else "asked")
         self.inventory.expire()
         return self.view(await self._entry(cluster_id)), cluster is not None

@@ -253,3 +253,16 @@ async def test_joined_worker_jobs_are_asked_about_as_seldom_as_a_ready_head(make
     )
     await until(lambda: cluster.status.nodes_joined == 3, 5, "3 nodes alive")
     await until(lambda: watcher.pace == 1.0, 5, "the steady pace for all three jobs")
+
+
+async def test_a_worker_jobs_own_events_say_it_runs_before_squeue_does(make_cluster, slurm):
+    cluster = await ready(make_cluster, slurm)
+    await cluster.scale_async(2)
+    (worker,) = cluster.workers.jobs
+    emit(
+        cluster, {"event": "worker_joined", "role": "worker", "host": "node2", "worker_job": worker}
+    )
+    await until(lambda: cluster.status.worker_jobs[0].joined, 5, "the worker joined")
+    (job,) = cluster.status.worker_jobs
+    assert (job.state, job.host) == ("RUNNING", "node2")  # Slurm still says PENDING
+    assert cluster.status.worker_jobs_pending == ()

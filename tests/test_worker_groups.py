@@ -1,0 +1,116 @@
+"""Worker groups for real (issue 9): a CPU head on the `debug` partition, a `gpu` group of
+worker jobs on the `short` partition with one of the testbed's GPUs each (a task sent to the
+group sees its GPU), and a `brief` group of 2-minute worker jobs rotated before they end. Real
+sbatch, real Ray, as alice; nothing left at the end."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.formatting import scaling_text
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.transport import LocalTransport
+
+from .helpers.clusters import cluster_spec, ray_in_subprocess, ray_result, wait_until_nothing_left
+from .helpers.jobs import in_queue
+from .helpers.testbed import runuser
+from .helpers.waiting import wait_for
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+QUEUE_WAIT = 300  # other tests may hold nodes
+
+IN_THE_GROUP = """
+import os
+
+@ray.remote(num_gpus=1, resources={"group:gpu": 0.01})
+def where():
+    return socket.gethostname(), ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+print(json.dumps(ray.get(where.remote())))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    registry = Registry(tmp_path_factory.mktemp("state"))
+    spec = cluster_spec(
+        partition="debug",
+        cpus_per_node=2,
+        worker_groups={
+            "gpu": {"partition": "short", "gpus_per_node": 1, "time": "20"},
+            "brief": {"partition": "short", "time": "2"},  # rotated: ends 8 min before the head
+        },
+        worker_rotation=75,
+    )
+    cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
+    cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
+    yield cluster
+    cluster.down()
+    leftover = [job_id for job_id in cluster.workers.jobs if in_queue(job_id)]
+    subprocess.run(["scancel", *leftover], check=False, capture_output=True)
+
+
+def test_a_gpu_group_on_another_partition_runs_the_tasks_sent_to_it(cluster):
+    cluster.scale(1, group="gpu")
+    (job,) = cluster.workers.active("gpu")
+    assert job.group == "gpu"
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Partition=short" in shown and "gpu:1" in shown, shown
+    wait_for(lambda: cluster.refresh().nodes_joined == 2, QUEUE_WAIT, "the gpu worker to join")
+    assert "worker jobs: gpu: 1 running" in scaling_text(cluster.status)
+    with open(f"{cluster.job_dir}/ray_token") as f:
+        token = cluster.registry.store_token(cluster.id, f.read().strip())
+    info = cluster.connection_info()
+    result = ray_in_subprocess(f"ray://{info.head_ip}:{info.client_port}", str(token), IN_THE_GROUP)
+    host, gpu_ids, visible = ray_result(result)
+    assert host == job.host and host != info.head_host
+    assert len(gpu_ids) == 1 and visible is not None and visible != ""
+    cluster.scale(0, group="gpu")
+    wait_for(lambda: not in_queue(job.job_id), 90, "the gpu worker job to end")
+    assert cluster.refresh().nodes_joined == 1
+
+
+def test_a_worker_job_of_short_walltime_is_replaced_before_it_ends(cluster):
+    """worker_rotation 75 s: the 2-minute worker job gets a replacement after ~45 s; once that
+    joined, the old one is drained; the cluster keeps its 2 nodes throughout."""
+    cluster.scale(1, group="brief")
+    (old,) = cluster.workers.active("brief")
+    wait_for(lambda: cluster.refresh().nodes_joined == 2, QUEUE_WAIT, "the brief worker to join")
+    wait_for(lambda: cluster.workers.jobs[old.job_id].replaced_by, 150, "a replacement")
+    new_id = cluster.workers.jobs[old.job_id].replaced_by
+    assert cluster.workers.jobs[new_id].group == "brief"
+    wait_for(lambda: not in_queue(old.job_id), QUEUE_WAIT, "the old worker job to end")
+    assert in_queue(new_id)
+    wait_for(lambda: cluster.refresh().nodes_joined == 2, 60, "2 nodes alive again")
+    rotated = [e for e in cluster.events if e.get("event") == "rotated"]
+    assert [e["step"] for e in rotated] == ["submitted", "draining"], rotated
+    assert rotated[0]["old"] == old.job_id and rotated[0]["new"] == new_id
+    drained = [e for e in cluster.events if e.get("worker_job") == old.job_id]
+    assert any(e["event"] in ("worker_leaving", "worker_stopped") for e in drained), drained
+    cluster.scale(0, group="brief")
+    wait_for(lambda: not in_queue(new_id), 90, "the replacement to end")
+
+
+def test_a_group_the_cluster_does_not_have_is_one_line_and_changes_nothing(cluster):
+    before = dict(cluster.workers.jobs)
+    with pytest.raises(SpecError) as error:
+        cluster.scale(1, group="bigmem")
+    assert error.value.field == "group" and "default, brief, gpu" in str(error.value)
+    with pytest.raises(SpecError) as error:
+        cluster.scale(-1, group="gpu")
+    assert error.value.field == "nodes"
+    assert cluster.workers.jobs == before
+
+
+def test_down_leaves_nothing(cluster):
+    job_ids = list(cluster.workers.jobs)
+    cluster.down()
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+    assert not [job_id for job_id in job_ids if in_queue(job_id)]
