@@ -176,9 +176,10 @@ def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
 
 @pytest.fixture
 def blocker():
-    """bob's job holding the testbed's other two nodes."""
+    """bob's job holding the testbed's other nodes: both, or the one other tests leave free
+    (a node range: it starts with what is idle, and the partition is full either way)."""
     done = subprocess.run(
-        [*runuser("bob"), "sbatch", "--parsable", "-N2", "--exclusive", "-t", "5",
+        [*runuser("bob"), "sbatch", "--parsable", "-N1-2", "--exclusive", "-t", "5",
          "-J", "adapt-blocker", "-D", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
