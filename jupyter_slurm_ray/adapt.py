@@ -37,6 +37,7 @@ from .aio import blocking
 from .errors import SlurmRayError
 from .scaling import append_event, worker_minutes
 from .watch import watcher_for
+from .workergroups import DEFAULT_GROUP
 
 if TYPE_CHECKING:
     from .cluster import SlurmRayCluster
@@ -146,7 +147,7 @@ class Adapter:
     def job_views(self, now: float) -> list[JobView]:
         joined_at, ips = self._joins()
         views = []
-        for job in self.cluster.workers.active():
+        for job in self.cluster.workers.active(DEFAULT_GROUP):
             ip = ips.get(job.job_id)
             idle_since = self._idle_since.get(ip) if ip else None
             at = joined_at.get(job.job_id)
@@ -197,7 +198,7 @@ class Adapter:
 
     async def _submit(self, decision: Decision) -> None:
         cluster = self.cluster
-        before = cluster.spec.nodes + cluster.workers.wanted
+        before = self._nodes()
         status = cluster.status
         minutes = worker_minutes(status.time_left, status.at, time.time())
         ids = await cluster.workers.submit(decision.submit, cluster._job_dir().path, minutes)
@@ -209,7 +210,7 @@ class Adapter:
 
     async def _retire(self, decision: Decision) -> None:
         cluster = self.cluster
-        before = cluster.spec.nodes + cluster.workers.wanted
+        before = self._nodes()
         ids = await cluster.workers.retire_ids(
             decision.retire,
             cluster._job_dir().path,
@@ -223,7 +224,7 @@ class Adapter:
         self, before: int, submitted: list[str], retired: list[str], cause: str
     ) -> None:
         cluster = self.cluster
-        after = cluster.spec.nodes + cluster.workers.wanted
+        after = self._nodes()
         moved = (
             f"submitted {', '.join(submitted)}" if submitted else f"retired {', '.join(retired)}"
         )
@@ -233,6 +234,11 @@ class Adapter:
                 cluster.transport, cluster._job_dir().path, "scaled", nodes_before=before,
                 nodes=after, submitted=submitted, retired=retired, cause=f"adapt: {cause}",
             )  # fmt: skip
+
+    def _nodes(self) -> int:
+        """The nodes adapt counts: the head's allocation and the default group's worker jobs
+        (other groups are scaled by hand: ``scale(n, group=...)``)."""
+        return self.cluster.spec.nodes + len(self.cluster.workers.active(DEFAULT_GROUP))
 
     async def _tell(self, message: str, report: str) -> None:
         log.warning("%s: %s", self.cluster.spec.name, message)

@@ -24,8 +24,7 @@ from typing import Any
 
 from .errors import SpecError
 from .queueinfo import explain_reason
-
-DEFAULT_GROUP = "default"
+from .workergroups import DEFAULT_GROUP
 MAX_BUNDLES = 1000  # demand instances packed at most (the maximum caps the nodes anyway)
 # Resources Ray gives every node of the head's shape (its memory and object store: not sized).
 _IGNORED = ("objectStoreMemory", "object_store_memory")
@@ -69,7 +68,9 @@ def checked_settings(
 ) -> AdaptSettings:
     """The settings, each checked (SpecError naming the field, one line)."""
     if group not in (None, DEFAULT_GROUP):
-        raise SpecError("group", group, f"'{DEFAULT_GROUP}' (worker groups do not exist yet)")
+        allowed = f"'{DEFAULT_GROUP}': adapt scales the default worker jobs; scale another group "
+        "with scale(n, group=...)"
+        raise SpecError("group", group, allowed)
     low = _whole("minimum", minimum, head_nodes)
     high = _whole("maximum", maximum, 1)
     if high < low:

@@ -28,6 +28,7 @@ from .errors import SlurmError, SlurmRayError, SpecError
 from .jobdir import EVENTS, JobDir, probe_site
 from .jobscript import render_worker_job_script
 from .naming import cluster_id_of_worker_comment
+from .packs import bootstrap_python
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .states import WORKER_ENDED, WorkerJobStatus
@@ -338,7 +339,7 @@ class WorkerJobs:
         own = spec.time_seconds
         if minutes is not None and (own is None or minutes * 60 < own):
             spec = spec.replace(time=str(minutes))
-        command = directory.bootstrap_command(self.spec.python)
+        command = directory.bootstrap_command(bootstrap_python(self.spec))  # as the head's
         command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
         text = render_worker_job_script(
             spec,

@@ -13,9 +13,11 @@ from jupyter_slurm_ray.formatting import scaling_text
 from jupyter_slurm_ray.jobscript import render_worker_job_script
 from jupyter_slurm_ray.magic_args import parse, spec_arguments
 from jupyter_slurm_ray.rotation import due_for_rotation, replaced_and_joined
-from jupyter_slurm_ray.scaling import WorkerJob
+from jupyter_slurm_ray.scaling import WorkerJob, WorkerJobs
+from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec, resolve
 from jupyter_slurm_ray.states import State, Status, WorkerJobStatus
+from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.workergroups import (
     group_names,
     group_resource,
@@ -187,3 +189,15 @@ async def test_rotation_submits_a_replacement_of_the_group_then_drains_the_old(m
     assert [e["step"] for e in rotated][:2] == ["submitted", "draining"]
     assert "ends in" in rotated[0]["cause"]
     slurm.end(old, "COMPLETED")
+
+
+async def test_worker_jobs_of_a_packed_cluster_run_the_bootstrap_as_the_head_does(tmp_path):
+    """environment = "pack" on the login node: the nodes need not share the kernel's Python,
+    so worker jobs run the bootstrap with python3 as the head's job does."""
+    spec = ClusterSpec(time="10", job_dir_root=str(tmp_path), environment="pack")
+    transport = LocalTransport()
+    workers = WorkerJobs(transport, SlurmClient(transport), "ray-0123abcd", spec)
+    job_dir = tmp_path / "ray-0123abcd"
+    job_dir.mkdir(mode=0o700)
+    await workers._script(str(job_dir), None, "default")
+    assert "exec python3 " in (job_dir / "workers.sbatch").read_text()
