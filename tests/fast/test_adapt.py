@@ -172,3 +172,94 @@ def test_the_dashboards_cluster_status_gives_demand_usage_and_the_head_shape():
     assert view.busy == {"10.200.0.11": True, "10.200.0.12": False}
     assert view.head_shape == Shape(1.0, 0.0, 24438333440.0)
     assert parse_cluster_status({}).demand == ()
+
+
+# -- the loop (adapt.Adapter) with a stub cluster: it survives a failing step ----------------
+class _State:
+    is_final = False
+
+
+class _Workers:
+    wanted = 0
+
+    def active(self, group=None):
+        return []
+
+
+class _Spec:
+    name, nodes, cpus_per_node, gpus_per_node, mem_per_node = "ray", 1, 1, 0, None
+
+
+class _StubCluster:
+    """What Adapter reads of a cluster (no Slurm, no Ray)."""
+
+    spec, state, workers, events, _stopping = _Spec(), _State(), _Workers(), [], False
+
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def _update_state(self) -> None:
+        self.updates += 1
+
+
+async def test_a_failing_step_is_shown_and_the_loop_goes_on():
+    import asyncio
+
+    from jupyter_slurm_ray.adapt import Adapter
+    from jupyter_slurm_ray.adaptpolicy import RayView
+
+    cluster = _StubCluster()
+    adapter = Adapter(cluster, SETTINGS, interval=0.01)  # type: ignore[arg-type]
+    answers = [RuntimeError("dashboard: connection refused"), RayView((), {}, ONE_CPU)]
+    errors_seen = []
+
+    async def read_ray():
+        answer = answers.pop(0) if answers else RayView((), {}, ONE_CPU)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    adapter.read_ray = read_ray  # type: ignore[method-assign]
+    adapter.start()
+    for _ in range(200):
+        errors_seen.append(adapter.error)
+        if not answers and adapter.error is None and len(errors_seen) > 2:
+            break
+        await asyncio.sleep(0.01)
+    assert "dashboard: connection refused" in errors_seen  # shown while it failed
+    assert adapter.running and adapter.error is None  # and it went on
+    assert adapter.lines()[0] == SETTINGS.describe()
+    await adapter.stop()
+    assert not adapter.running and cluster.updates >= 2
+
+
+def test_the_magic_command_passes_the_settings_and_off():
+    from jupyter_slurm_ray.adaptcommand import adapt_command
+
+    calls = []
+
+    class Cluster:
+        spec = _Spec()
+
+        def adapt(self, *args, **kwargs):
+            calls.append((args, kwargs))
+            return AdaptSettings(1, 3, 60.0, 2)
+
+        def stop_adapting(self):
+            calls.append("off")
+
+    class Session:
+        def find(self, name):
+            assert name == "ray"
+            return Cluster()
+
+        def setting(self, name, default):
+            return {"adapt_idle_timeout": 60.0, "adapt_max_pending": None}.get(name) or default
+
+    args = parse("adapt ray --minimum 1 --maximum 3")
+    assert adapt_command(Session(), args) == ["ray: " + AdaptSettings(1, 3, 60.0, 2).describe()]
+    assert calls[-1] == (("1", "3"), {"idle_timeout": 60.0, "max_pending": 2, "group": None})
+    assert adapt_command(Session(), parse("adapt ray --off"))[0].startswith("ray: adaptive")
+    assert calls[-1] == "off"
+    with pytest.raises(Exception, match="give --maximum N"):
+        adapt_command(Session(), parse("adapt ray --minimum 1"))
