@@ -43,7 +43,9 @@ def cluster(tmp_path_factory):
         cpus_per_node=2,
         worker_groups={
             "gpu": {"partition": "short", "gpus_per_node": 1, "time": "20"},
-            "brief": {"partition": "short", "time": "2"},  # rotated: ends 8 min before the head
+            # rotated: ends 8 min before the head; one CPU, so that the replacement may start
+            # beside the old one whatever holds the other nodes
+            "brief": {"partition": "short", "time": "2", "cpus_per_node": 1},
         },
         worker_rotation=75,
     )
