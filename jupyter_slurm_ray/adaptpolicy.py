@@ -25,6 +25,7 @@ from typing import Any
 from .errors import SpecError
 from .queueinfo import explain_reason
 from .workergroups import DEFAULT_GROUP
+
 MAX_BUNDLES = 1000  # demand instances packed at most (the maximum caps the nodes anyway)
 # Resources Ray gives every node of the head's shape (its memory and object store: not sized).
 _IGNORED = ("objectStoreMemory", "object_store_memory")
