@@ -85,8 +85,8 @@ async def run_doctor(
     }
     add(_job_dir_check(spec, site, node))
     add(_test_job_check(node))
-    add(_python_check(node, python_said, login_verdict))
-    add(_ray_check(node))
+    add(_python_check(node, python_said, login_verdict, spec.container))
+    add(_ray_check(spec, node))
     add(_address_check(spec, node))
     add(extensions_check(server_extension_running))
     order = [
@@ -267,7 +267,9 @@ def _test_job_check(node: NodeReport) -> Check:
     return _check("test_job", "ok", f"{detail}; cancelled after {node.duration:g} s in all")
 
 
-def _python_check(node: NodeReport, python_said: str, login_verdict: str | None) -> Check:
+def _python_check(
+    node: NodeReport, python_said: str, login_verdict: str | None, container: str | None = None
+) -> Check:
     fix = (
         "set python to a Python the compute nodes can run (with ray installed), and setup to "
         "the lines that make it work there (module load ..., source .../bin/activate)"
@@ -283,6 +285,9 @@ def _python_check(node: NodeReport, python_said: str, login_verdict: str | None)
     here = ".".join(local_versions()[1].split(".")[:2])
     there = str(node.python.get("python", "?"))
     detail = f"{python_said}: Python {there} on {node.python.get('host', node.node)}"
+    if container and node.python.get("host_python"):
+        detail += f" (Ray's in the image {container})"
+        fix = f"rebuild the image {container} with Python {here} and ray[default]"
     if there.split(".")[:2] != here.split("."):
         return _check(
             "python",
@@ -293,10 +298,12 @@ def _python_check(node: NodeReport, python_said: str, login_verdict: str | None)
     return _check("python", "ok", detail)
 
 
-def _ray_check(node: NodeReport) -> Check:
+def _ray_check(spec: ClusterSpec, node: NodeReport) -> Check:
     ray_here = local_versions()[0]
     install = f"install ray[default]=={ray_here} in the cluster's Python, or set python/setup "
     install += "to an environment that has it"
+    if spec.container:
+        install = f"rebuild the image {spec.container} with ray[default]=={ray_here} on its PATH"
     if not node.python:
         return _check("ray", "skip", "not checked: the cluster's Python did not run")
     version = node.python.get("ray")

@@ -66,6 +66,18 @@ try:
     out["import_ray_seconds"] = round(time.perf_counter() - started, 3)
 except Exception as exc:
     out["ray"], out["ray_error"] = None, f"{type(exc).__name__}: {exc}"
+if asked.get("container"):  # Ray runs in the image: its Ray and Python are what count
+    import container
+    image = jsr_base.Config(cluster_id="doctor", container=asked["container"],
+                            container_runtime=asked["container_runtime"])
+    out["host_python"], out["ray"], out["ray_error"] = out["python"], None, None
+    try:
+        prefix = container.ray_command_prefix(image, asked["bind"], asked["gpus"])
+        ray_v, python_v, seconds = container.container_versions(prefix, dict(os.environ))
+        out.update(ray=ray_v, python=python_v, import_ray_seconds=seconds)
+        out["executable"] = "python in " + asked["container"]
+    except jsr_base.BootstrapError as exc:
+        out["ray_error"] = " ".join([exc.reason, *exc.log[-3:]])
 config = jsr_base.Config(cluster_id="doctor", network_interface=asked["network_interface"],
                          node_ip_address_command=asked["node_ip_address_command"])
 try:
@@ -140,7 +152,8 @@ class NodeReport:
 
 def _bootstrap_sources() -> dict[str, str]:
     package = resources.files("jupyter_slurm_ray").joinpath("bootstrap")
-    return {name: package.joinpath(f"{name}.py").read_text() for name in ("jsr_base", "nodeaddr")}
+    names = ("jsr_base", "nodeaddr", "container")  # in import order
+    return {name: package.joinpath(f"{name}.py").read_text() for name in names}
 
 
 def _step_script(spec: ClusterSpec) -> str:
@@ -297,6 +310,10 @@ async def _report_step(
         "node_ip_address_command": spec.node_ip_address_command,
         "ports": list(spec.port_range),
         "fixed": spec.fixed_port_base if spec.port_strategy == "fixed" else None,
+        "container": spec.container,
+        "container_runtime": spec.container_runtime,
+        "bind": probe_dir or "/tmp",
+        "gpus": spec.gpus_per_node > 0,
     }
     program = f"SOURCES = {_bootstrap_sources()!r}\n{_REPORT}"
     argv = [

@@ -31,6 +31,7 @@ from .helpers.jobs import in_queue
 from .helpers.paths import VENV_PYTHON, child_environment
 from .helpers.site import cancel_recorded_jobs
 from .helpers.testbed import USER, runuser
+from .test_containers import IMAGE, needs_image
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -226,3 +227,21 @@ def test_a_fresh_kernel_with_only_up_reaches_connected_on_its_own_python(site_en
     events = Path(result["job_dir"], "events.jsonl").read_text().splitlines()
     started = next(json.loads(e) for e in events if '"bootstrap"' in e)
     assert started["python"] == str(VENV_PYTHON)  # the kernel's own interpreter ran the job
+
+
+@needs_image
+def test_a_container_clusters_doctor_checks_ray_in_the_image(site_env):
+    report = doctor(site_env, "-t", "10", "--container", IMAGE)
+    assert report["exit_status"] == 0 and failures(report) == {}, report
+    checks = {c["name"]: c for c in report["checks"]}
+    assert f"Ray's in the image {IMAGE}" in checks["python"]["detail"]
+    assert f"Ray {local_versions()[0]}, as here" in checks["ray"]["detail"]
+
+
+@needs_image
+def test_a_container_image_missing_on_the_nodes_is_the_one_failure(site_env):
+    report = doctor(site_env, "-t", "10", "--container", "/nonexistent/image.sif")
+    assert list(failures(report)) == ["ray"], report
+    ray = failures(report)["ray"]
+    assert "the image /nonexistent/image.sif does not exist on node" in ray["detail"]
+    assert "rebuild the image /nonexistent/image.sif" in ray["fix"]
