@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -99,11 +100,14 @@ def finish(workload: subprocess.Popen) -> dict:
         raise AssertionError(f"the workload failed: {err[-2000:]}") from None
 
 
-def adapt_moves(cluster: SlurmRayCluster) -> tuple[list[str], list[str]]:
-    """Every worker job adapt submitted and retired, from its ``scaled`` events."""
+def adapt_moves(cluster: SlurmRayCluster, since: float) -> tuple[list[str], list[str]]:
+    """Every worker job adapt submitted and retired since ``since``, from its ``scaled``
+    events (the module's tests share one cluster)."""
     cluster.refresh()
     submitted, retired = [], []
     for event in unique_events(cluster):
+        if event["t"] < since:
+            continue
         if event.get("event") == "scaled" and str(event.get("cause")).startswith("adapt:"):
             submitted += event["submitted"]
             retired += event["retired"]
@@ -145,7 +149,17 @@ def test_bad_input_is_one_line_and_changes_nothing(cluster):
     assert (cluster.status.nodes_wanted, dict(cluster.workers.jobs)) == before
 
 
+def idle_nodes() -> int:
+    out = subprocess.run(
+        ["sinfo", "-h", "-t", "idle", "-o", "%D"], capture_output=True, text=True, check=False
+    ).stdout
+    return sum(int(n) for n in out.split() if n.isdigit())
+
+
 def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
+    # the testbed is shared: the two nodes it grows to must be free first
+    wait_for(lambda: idle_nodes() >= 2, QUEUE_WAIT, "two idle nodes")
+    started = time.time()
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
     try:
         workload = start_workload(cluster, tasks=12, seconds=12)
@@ -159,13 +173,13 @@ def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
             "adapt to shrink to the minimum",
         )
         # the decision's event follows the drained job's end
-        wait_for(lambda: len(adapt_moves(cluster)[1]) >= 2, 30, "both retirements told")
-        submitted, retired = adapt_moves(cluster)
+        wait_for(lambda: len(adapt_moves(cluster, started)[1]) >= 2, 30, "both retired")
+        submitted, retired = adapt_moves(cluster, started)
     finally:
         cluster.stop_adapting()
     assert len(submitted) == 2, submitted  # exactly the two it needed: no loop
     assert sorted(retired) == sorted(submitted)
-    assert sorted(cluster.workers.jobs) == sorted(submitted)  # no other sbatch
+    assert sorted(cluster.workers.jobs) == sorted(submitted)  # no other sbatch (first test)
     for job_id in submitted:
         wait_for(lambda job_id=job_id: not in_queue(job_id), 30, f"worker job {job_id} to end")
     causes = [e["cause"] for e in cluster.events if e.get("event") == "scaled"]
@@ -193,6 +207,7 @@ def blocker():
 
 
 def test_a_full_partition_keeps_max_pending_jobs_waiting_without_churn(cluster, blocker):
+    started = time.time()
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=1)
     try:
         # the head alone would need 80 s: the demand lasts until the worker node joins
@@ -214,7 +229,7 @@ def test_a_full_partition_keeps_max_pending_jobs_waiting_without_churn(cluster, 
         subprocess.run(["scancel", blocker], check=True)
         result = finish(workload)
         assert result["done"] == list(range(4))
-        submitted, _ = adapt_moves(cluster)
+        submitted, _ = adapt_moves(cluster, started)
         assert submitted[0] == waiting[0]  # the job that waited is the one that joined
         assert any(e.get("worker_job") == waiting[0] for e in cluster.events
                    if e.get("event") == "worker_joined")  # fmt: skip
