@@ -17,6 +17,7 @@ import secrets
 import sys
 from typing import Any
 
+from . import packs
 from .accounting import load_accounting
 from .connect import local_versions
 from .doctor_job import NodeReport, run_test_job
@@ -200,6 +201,12 @@ def _cluster_python(
     spec: ClusterSpec, transport: Transport, site: Site | SlurmRayError | None
 ) -> tuple[list[str], str, str | None]:
     """(argv, how to name it, the login side's objection): what ``up`` would run."""
+    if spec.environment == "pack" and spec.python is None:
+        try:
+            packs.find_tool(packs.describe_environment())
+        except SpecError as exc:
+            return ["python3"], "python3 (runs the bootstrap; Ray from the pack)", str(exc)
+        return ["python3"], "python3 (runs the bootstrap; Ray from the pack)", None
     if spec.python is not None:
         return [spec.python], f"{spec.python} (python)", None
     if not isinstance(transport, LocalTransport):
@@ -299,6 +306,8 @@ def _python_check(
 
 
 def _ray_check(spec: ClusterSpec, node: NodeReport) -> Check:
+    if spec.environment == "pack":
+        return _pack_check(node)
     ray_here = local_versions()[0]
     install = f"install ray[default]=={ray_here} in the cluster's Python, or set python/setup "
     install += "to an environment that has it"
@@ -321,6 +330,27 @@ def _ray_check(spec: ClusterSpec, node: NodeReport) -> Check:
             detail + " (slow: each of Ray's ~15 processes per node pays it)",
             "keep the environment on a fast filesystem, or trim packages Ray imports at start",
         )
+    return _check("ray", "ok", detail)
+
+
+def _pack_check(node: NodeReport) -> Check:
+    """environment = "pack": Ray is this kernel's own; a venv's pack also needs its base
+    Python at the same path on the nodes (venv-pack keeps the link to it)."""
+    ray_here, python_here = local_versions()
+    if not node.python:
+        return _check("ray", "skip", "not checked: the test job did not run")
+    base = node.python.get("pack_base_python")
+    if base is None:  # conda and pixi packs carry their Python
+        return _check("ray", "ok", f"Ray {ray_here} from the pack of this kernel's environment")
+    found = node.python.get("pack_base_version")
+    if found is None:
+        fix = (
+            f"install Python {python_here} at {base} on the compute nodes, or pack a conda "
+            "environment (conda-pack carries its Python), or use environment = 'kernel' with "
+            "python/setup"
+        )
+        return _check("ray", "fail", f"the pack's base Python {base} is not on the node", fix)
+    detail = f"Ray {ray_here} from the pack; its base Python {base} ({found}) is on the node"
     return _check("ray", "ok", detail)
 
 

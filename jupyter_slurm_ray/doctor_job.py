@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -66,6 +68,15 @@ try:
     out["import_ray_seconds"] = round(time.perf_counter() - started, 3)
 except Exception as exc:
     out["ray"], out["ray_error"] = None, f"{type(exc).__name__}: {exc}"
+if asked.get("pack_base_python"):  # a venv's pack links to its base interpreter
+    import subprocess
+    out["pack_base_python"], out["pack_base_version"] = asked["pack_base_python"], None
+    try:
+        out["pack_base_version"] = subprocess.run(
+            [asked["pack_base_python"], "-c", "import platform; print(platform.python_version())"],
+            capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
 if asked.get("container"):  # Ray runs in the image: its Ray and Python are what count
     import container
     image = jsr_base.Config(cluster_id="doctor", container=asked["container"],
@@ -154,6 +165,15 @@ def _bootstrap_sources() -> dict[str, str]:
     package = resources.files("jupyter_slurm_ray").joinpath("bootstrap")
     names = ("jsr_base", "nodeaddr", "container")  # in import order
     return {name: package.joinpath(f"{name}.py").read_text() for name in names}
+
+
+def _pack_base_python(spec: ClusterSpec) -> str | None:
+    """With a venv's pack: the interpreter the venv links to (the nodes need it too)."""
+    if spec.environment != "pack" or sys.prefix == sys.base_prefix:
+        return None
+    if os.path.isdir(os.path.join(sys.prefix, "conda-meta")):
+        return None
+    return os.path.realpath(sys.executable)
 
 
 def _step_script(spec: ClusterSpec) -> str:
@@ -314,6 +334,7 @@ async def _report_step(
         "container_runtime": spec.container_runtime,
         "bind": probe_dir or "/tmp",
         "gpus": spec.gpus_per_node > 0,
+        "pack_base_python": _pack_base_python(spec),
     }
     program = f"SOURCES = {_bootstrap_sources()!r}\n{_REPORT}"
     argv = [

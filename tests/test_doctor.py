@@ -245,3 +245,12 @@ def test_a_container_image_missing_on_the_nodes_is_the_one_failure(site_env):
     ray = failures(report)["ray"]
     assert "the image /nonexistent/image.sif does not exist on node" in ray["detail"]
     assert "rebuild the image /nonexistent/image.sif" in ray["fix"]
+
+
+def test_a_packed_clusters_doctor_checks_the_packs_base_python_on_the_node(site_env):
+    report = doctor(site_env, "-t", "10", "--environment", "pack")
+    assert report["exit_status"] == 0 and failures(report) == {}, report
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["python"]["detail"].startswith("python3 (runs the bootstrap; Ray from the pack)")
+    base = os.path.realpath(VENV_PYTHON)
+    assert f"its base Python {base} (" in checks["ray"]["detail"], checks["ray"]

@@ -19,7 +19,8 @@ import pytest
 
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.connect import local_versions
-from jupyter_slurm_ray.doctor import Report, run_doctor
+from jupyter_slurm_ray.doctor import Report, _pack_check, run_doctor
+from jupyter_slurm_ray.doctor_job import NodeReport
 from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.jobdir import (
     JobDir,
@@ -322,3 +323,14 @@ async def test_the_rest_api_answers_the_checklist_as_json(
     assert "request" in failed_checks
     extensions = next(c for c in data["checks"] if c["name"] == "extensions")
     assert "server extension" not in extensions["detail"]  # it answered: it runs
+
+
+def test_a_packs_base_python_missing_on_the_node_is_a_failure_with_its_fix() -> None:
+    missing = _pack_check(NodeReport(python={"pack_base_python": "/opt/py/bin/python3.11"}))
+    assert missing.status == "fail"
+    assert missing.detail == "the pack's base Python /opt/py/bin/python3.11 is not on the node"
+    assert (
+        "at /opt/py/bin/python3.11 on the compute nodes" in missing.fix and "conda" in missing.fix
+    )
+    conda = _pack_check(NodeReport(python={"python": "3.11.2"}))
+    assert conda.status == "ok" and "from the pack" in conda.detail
