@@ -95,7 +95,7 @@ def test_three_node_cluster(jobs: list[JobDir]) -> None:
     assert_dashboard_needs_the_token(connection)
     phases = [e["phase"] for e in job.events() if e["event"] == "phase"]
     assert phases == [
-        "bootstrap", "ports", "head_starting", "workers_starting", "head_up",
+        "bootstrap", "workers_starting", "ports", "head_starting", "head_up",
         "waiting_for_nodes", "ready",
     ]  # fmt: skip
 

@@ -52,18 +52,19 @@ class HeadRun(NodeRun):
             return "owner_gone"
         if self.flags.stop:
             return f"signal {self.flags.stop}"
-        ray = self.find_ray()
         self.nodes.wanted = self.wanted
         self.lease = LeaseWatch(self.job_dir, idle_timeout)
         srun = (
             require_command("srun", "it starts Ray on the other nodes") if self.wanted > 1 else ""
         )
+        if self.wanted > 1:  # first: the workers unpack a pack (if any) while this node does
+            self.logs.mkdir(mode=0o700, exist_ok=True)
+            self.events.phase("workers_starting", workers=self.wanted - 1)
+            self.worker_step.start(srun, self.job_dir, self.wanted - 1)
+        ray = self.find_ray()
         # local mode (localjobs.py: one node, no Slurm) has no controller to route toward
         toward = None if os.environ.get("JSR_LOCAL_MODE") == "1" else slurmctld_address()
         self.start_head(ray, toward)
-        if self.wanted > 1:
-            self.events.phase("workers_starting", workers=self.wanted - 1)
-            self.worker_step.start(srun, self.job_dir, self.wanted - 1)
         versions = self.probe_versions(ray)
         while True:
             assert self.plan is not None
