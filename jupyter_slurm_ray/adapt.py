@@ -278,6 +278,38 @@ class Adapter:
         return self._url, self._token
 
 
+def recent_decisions(events: list[dict[str, Any]], count: int = KEPT) -> tuple[str, ...]:
+    """The last ``count`` scaling decisions of the events (oldest first), one line each."""
+    lines: list[str] = []
+    for event in reversed(events):
+        line = _decision_line(event)
+        if line is not None:
+            lines.append(line)
+            if len(lines) == count:
+                break
+    return tuple(reversed(lines))
+
+
+def _decision_line(event: dict[str, Any]) -> str | None:
+    kind, t = event.get("event"), event.get("t")
+    when = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "?"
+    if kind == "scaled":
+        group = event.get("group")
+        of = f" ({group})" if group and group != "default" else ""
+        moved = [
+            f"{verb} {', '.join(map(str, event[key]))}"
+            for key, verb in (("submitted", "submitted"), ("retired", "retired"))
+            if isinstance(event.get(key), list) and event[key]
+        ]
+        before, after = event.get("nodes_before"), event.get("nodes")
+        return f"{when} {before} → {after} nodes{of} ({'; '.join(moved)}): {event.get('cause')}"
+    if kind == "rotated":
+        return f"{when} rotation: {event.get('step')} {event.get('old')} → {event.get('new')}"
+    if kind in ("rotation_failed", ADAPT_EVENT) and event.get("cause"):
+        return f"{when} {event.get('cause')}"
+    return None
+
+
 def _get_json(request: urllib.request.Request) -> Any:
     with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as answer:
         return json.load(answer)
@@ -351,5 +383,10 @@ class ClusterAdapting:
         return adapter if adapter is not None and adapter.running else None
 
     def _scaling_lines(self) -> tuple[str, ...]:
+        """What the status shows of scaling: adapt's lines while it runs, else the last
+        scaling decisions (scale, rotation) told in the events, with their cause."""
         adapter = self._adapter
-        return adapter.lines() if adapter is not None else ()
+        if adapter is not None:
+            return adapter.lines()
+        events: list[dict[str, Any]] = self._follower.events.events  # type: ignore[attr-defined]
+        return recent_decisions(events)

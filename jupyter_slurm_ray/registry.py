@@ -80,6 +80,8 @@ class ClusterRecord:
     detached: bool = False
     # the extra worker jobs (scaling.WorkerJob as dicts: job_id, state, reason, host, ...)
     worker_jobs: list[dict[str, Any]] = field(default_factory=list)
+    # the last scaling decisions with their cause (adapt's settings first while it runs)
+    scaling: list[str] = field(default_factory=list)
     spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
@@ -153,6 +155,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "owner": (str,),
     "detached": (bool,),
     "worker_jobs": (list,),
+    "scaling": (list,),
     "spec": (dict,),
     "created_at": (int, float),
     "updated_at": (int, float),
@@ -175,7 +178,7 @@ def _check_field(name: str, value: Any) -> None:
         raise RegistryError(f"unknown state {value!r}")
     if name == "job_id" and isinstance(value, str) and not _job_id_like(value):
         raise RegistryError(f"the job id {value!r} is not a Slurm job id")
-    if name in ("nodes_lost", "worker_jobs") and isinstance(value, list):
+    if name in ("nodes_lost", "worker_jobs", "scaling") and isinstance(value, list):
         _check_list(name, value)
     if (
         isinstance(value, dict)
@@ -191,6 +194,8 @@ def _check_field(name: str, value: Any) -> None:
 def _check_list(name: str, value: list[Any]) -> None:
     if name == "nodes_lost" and not all(isinstance(host, str) for host in value):
         raise RegistryError("the field 'nodes_lost' is not a list of host names")
+    if name == "scaling" and not all(isinstance(line, str) for line in value):
+        raise RegistryError("the field 'scaling' is not a list of lines")
     if name == "worker_jobs" and not all(
         isinstance(job, dict) and isinstance(job.get("job_id"), str) and job["job_id"].isdigit()
         for job in value

@@ -141,6 +141,7 @@ def status_of_record(record: Any) -> Status:
         time_limit=record.time_limit,
         time_left=record.time_left,
         slurm_unreachable_since=record.slurm_unreachable_since,
+        scaling=tuple(line for line in record.scaling if isinstance(line, str)),
         worker_jobs=tuple(
             WorkerJobStatus(
                 str(job.get("job_id")),
@@ -148,6 +149,7 @@ def status_of_record(record: Any) -> Status:
                 job.get("reason"),
                 job.get("host"),
                 bool(job.get("joined")),
+                job.get("estimated_start"),
                 group=str(job.get("group") or "default"),
             )
             for job in record.worker_jobs
@@ -175,6 +177,7 @@ def record_fields(status: Status) -> dict[str, Any]:
         "time_limit": status.time_limit,
         "time_left": status.time_left,
         "slurm_unreachable_since": status.slurm_unreachable_since,
+        "scaling": list(status.scaling),
     }
 
 

@@ -339,6 +339,7 @@ class ClusterManager:
             "nodes_joined": status.nodes_joined,
             "nodes_lost": list(status.nodes_lost),
             "worker_jobs": _worker_jobs(record),
+            "scaling": list(record.scaling),
             "gpus_per_node": record.gpus_per_node,
             "time_limit": status.time_limit,
             "time_left": status.time_left,

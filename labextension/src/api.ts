@@ -39,6 +39,8 @@ export interface ICluster {
   nodes_lost?: string[];
   /** Its extra worker jobs (scaling) Slurm may still run. */
   worker_jobs?: IWorkerJob[];
+  /** The last scaling decisions with their cause (adapt's settings first while it runs). */
+  scaling?: string[];
   /** It ended: nothing runs any more. */
   final?: boolean;
   /** Its record may be deleted (`forgetCluster`). */
@@ -107,6 +109,10 @@ export interface IWorkerJob {
   reason: string | null;
   host: string | null;
   joined: boolean;
+  /** Slurm's estimated start while PENDING (`YYYY-MM-DD HH:MM`), when it has one. */
+  estimated_start?: string | null;
+  /** Its worker group (`default` for the cluster's own shape). */
+  group?: string;
 }
 
 export interface IClusterDetails extends ICluster {

@@ -2,7 +2,7 @@
  * How cluster facts read in the sidebar: durations, states, owner, lost nodes. Pure functions:
  * type-only imports here, so they are tested without JupyterLab.
  */
-import type { ICluster } from './api';
+import type { ICluster, IWorkerJob } from './api';
 
 /** `1:02:03` from seconds; `—` when unknown. */
 export function hms(seconds: number | null | undefined): string {
@@ -61,17 +61,46 @@ const BUSY = new Set(['SUBMITTING', 'PENDING', 'STARTING', 'STOPPING']);
 const FINAL = new Set(['STOPPED', 'FAILED', 'TIMEOUT', 'CANCELLED', 'PREEMPTED', 'NODE_FAIL']);
 
 /** A CSS modifier for the state badge: up, busy, ended or failed. */
-/** `2/3 nodes alive · worker jobs: 1 running, 1 pending (Resources)`; null without any. */
+/**
+ * `2/3 nodes alive · worker jobs: 1 running, 1 pending (Resources)`, by group when there are
+ * others than the default (`… worker jobs: default: 1 running; gpu: 1 pending (Resources, est.
+ * start 2026-12-01 14:05)`); null without any.
+ */
 export function scalingText(cluster: ICluster): string | null {
   const jobs = cluster.worker_jobs ?? [];
   if (jobs.length === 0 || cluster.final) {
     return null;
   }
+  const alive = `${cluster.nodes_joined}/${cluster.nodes_wanted} nodes alive`;
+  const groupOf = (job: IWorkerJob): string => job.group || 'default';
+  const groups = [...new Set(jobs.map(groupOf))].sort((a, b) =>
+    a === 'default' ? -1 : b === 'default' ? 1 : a.localeCompare(b)
+  );
+  if (groups.length === 1 && groups[0] === 'default') {
+    return `${alive} · worker jobs: ${workerJobsText(jobs)}`;
+  }
+  const parts = groups.map(
+    group => `${group}: ${workerJobsText(jobs.filter(job => groupOf(job) === group))}`
+  );
+  return `${alive} · worker jobs: ${parts.join('; ')}`;
+}
+
+/** `1 running, 2 pending (Priority, Resources, est. start 2026-12-01 14:05)`. */
+function workerJobsText(jobs: IWorkerJob[]): string {
   const pending = jobs.filter(job => job.state === 'PENDING');
   const reasons = [...new Set(pending.map(job => job.reason || 'no reason yet'))].sort();
+  const starts = pending.map(job => job.estimated_start).filter(Boolean) as string[];
+  if (starts.length) {
+    reasons.push(`est. start ${starts.sort()[0]}`);
+  }
   const waiting = pending.length ? `, ${pending.length} pending (${reasons.join(', ')})` : '';
-  const alive = `${cluster.nodes_joined}/${cluster.nodes_wanted} nodes alive`;
-  return `${alive} · worker jobs: ${jobs.length - pending.length} running${waiting}`;
+  return `${jobs.length - pending.length} running${waiting}`;
+}
+
+/** The last scaling decision with its cause, for the card (all of them: the title). */
+export function lastScalingDecision(cluster: ICluster): string | null {
+  const lines = cluster.scaling ?? [];
+  return lines.length && !cluster.final ? lines[lines.length - 1] : null;
 }
 
 export function stateKind(state: string): string {

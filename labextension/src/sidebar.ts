@@ -21,6 +21,7 @@ import {
   nodesLostText,
   ownerText,
   queueText,
+  lastScalingDecision,
   scalingText,
   stateKind,
   timeLeftNow,
@@ -218,6 +219,12 @@ export class ClusterSidebar extends Widget {
     const scaling = scalingText(cluster);
     if (scaling) {
       facts.append(el('span', 'jp-SlurmRay-scaling', scaling));
+    }
+    const decision = lastScalingDecision(cluster);
+    if (decision) {
+      const line = el('span', 'jp-SlurmRay-decision', decision);
+      line.title = (cluster.scaling ?? []).join('\n');
+      facts.append(line);
     }
     const lost = nodesLostText(cluster);
     if (lost) {

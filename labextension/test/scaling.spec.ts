@@ -1,5 +1,5 @@
 import type { ICluster, IWorkerJob } from '../src/api';
-import { scalingText } from '../src/format';
+import { lastScalingDecision, scalingText } from '../src/format';
 
 function cluster(fields: Partial<ICluster> = {}): ICluster {
   return {
@@ -62,5 +62,42 @@ describe('scalingText', () => {
 
   it('says nothing once the cluster ended', () => {
     expect(scalingText(cluster({ final: true, worker_jobs: [job({})] }))).toBeNull();
+  });
+});
+
+describe('scalingText by worker group', () => {
+  it('counts each group, the default first, with Slurm’s reasons and estimated start', () => {
+    const text = scalingText(
+      cluster({
+        nodes_joined: 2,
+        nodes_wanted: 4,
+        worker_jobs: [
+          job({ group: 'gpu' }),
+          job({ job_id: '14' }),
+          job({
+            job_id: '15',
+            group: 'gpu',
+            state: 'PENDING',
+            reason: 'Resources',
+            host: null,
+            joined: false,
+            estimated_start: '2026-12-01 14:05'
+          })
+        ]
+      })
+    );
+    expect(text).toBe(
+      '2/4 nodes alive · worker jobs: default: 1 running; ' +
+        'gpu: 1 running, 1 pending (Resources, est. start 2026-12-01 14:05)'
+    );
+  });
+});
+
+describe('lastScalingDecision', () => {
+  it('is the newest line of the decisions, nothing once the cluster ended', () => {
+    const scaling = ['10:00:01 1 → 3 nodes (submitted 14, 15): scale() by its owner', '10:05:00 x'];
+    expect(lastScalingDecision(cluster({ scaling }))).toBe('10:05:00 x');
+    expect(lastScalingDecision(cluster({ scaling, final: true }))).toBeNull();
+    expect(lastScalingDecision(cluster())).toBeNull();
   });
 });

@@ -117,8 +117,12 @@ async def test_rest_scale_asks_the_owner_and_refuses_bad_counts(
         code, answer = await _post(jp_fetch, cluster_id, bad)
         assert (code, answer["field"]) == (400, "nodes")
     assert requests_in(jobs_root / cluster_id) == []
+    for bad_group in ({"nodes": 1, "group": "GPU"}, {"nodes": 1, "group": 3}):
+        code, answer = await _post(jp_fetch, cluster_id, bad_group)
+        assert (code, answer["field"]) == (400, "group")
     code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
     assert code == 202 and answer["applied"] is False and answer["worker_jobs"] == []
+    assert answer["scaling"] == []
     assert [r["nodes"] for r in requests_in(jobs_root / cluster_id)] == [2]
     slurm.end("7")
     server_manager.inventory.expire()  # the listing is kept 3 s

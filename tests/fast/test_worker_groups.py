@@ -3,11 +3,13 @@ input named by its field."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.adapt import recent_decisions
 from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.formatting import scaling_text
 from jupyter_slurm_ray.jobscript import render_worker_job_script
@@ -16,7 +18,7 @@ from jupyter_slurm_ray.rotation import due_for_rotation, replaced_and_joined
 from jupyter_slurm_ray.scaling import WorkerJob, WorkerJobs
 from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec, resolve
-from jupyter_slurm_ray.states import State, Status, WorkerJobStatus
+from jupyter_slurm_ray.states import State, Status, WorkerJobStatus, status_of_record
 from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.workergroups import (
     group_names,
@@ -201,3 +203,48 @@ async def test_worker_jobs_of_a_packed_cluster_run_the_bootstrap_as_the_head_doe
     job_dir.mkdir(mode=0o700)
     await workers._script(str(job_dir), None, "default")
     assert "exec python3 " in (job_dir / "workers.sbatch").read_text()
+
+
+async def test_the_record_keeps_each_jobs_group_and_the_last_decisions_for_everyone(
+    make_cluster, slurm
+):
+    """What the REST listing and the sidebar read (status_of_record): per-group worker jobs
+    with Slurm's reason and estimated start, and the last scaling decisions with their cause."""
+    cluster = make_cluster(worker_groups={"gpu": {"gpus_per_node": 1}})
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.status.state.is_up, 5, "READY")
+    await cluster.scale_async(2, group="gpu", cause="more GPUs for train()")
+    await until(lambda: cluster.status.scaling, 5, "the decision in the status")
+    (line,) = cluster.status.scaling
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d 1 → 2 nodes \(gpu\) \(submitted \d+, \d+\): "
+        r"more GPUs for train\(\)",
+        line,
+    ), line
+    await until(lambda: cluster.registry.load(cluster.id).scaling, 5, "the record")
+    seen = status_of_record(cluster.registry.load(cluster.id))
+    assert seen.scaling == (line,)
+    assert {job.group for job in seen.worker_jobs} == {"gpu"}
+    assert "gpu: 0 running, 2 pending" in scaling_text(seen)
+
+
+def test_the_last_decisions_are_told_from_the_events_oldest_first() -> None:
+    events = [
+        {"t": 0, "event": "scaled", "nodes_before": 1, "nodes": 3, "submitted": ["11", "12"],
+         "retired": [], "cause": "scale() by its owner"},
+        {"t": 0, "event": "phase", "phase": "ready"},
+        {"t": 0, "event": "rotated", "step": "submitted", "old": "11", "new": "13",
+         "cause": "worker job 11 (default) ends in 60 s, before the head"},
+        {"t": 0, "event": "scaled", "nodes_before": 3, "nodes": 1, "group": "default",
+         "submitted": [], "retired": ["12", "13"], "cause": "asked by pid 7 on login1"},
+    ]  # fmt: skip
+    lines = recent_decisions(events)
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        "1 → 3 nodes (submitted 11, 12): scale() by its owner",
+        "rotation: submitted 11 → 13",
+        "3 → 1 nodes (retired 12, 13): asked by pid 7 on login1",
+    ]
+    assert recent_decisions(events, count=1) == lines[-1:]
