@@ -322,6 +322,57 @@ def test_slurm_silence_and_lost_nodes_are_shown(page, cluster, artifacts):
     expect(card(page, "hostile-0001")).to_have_count(0)
 
 
+def test_worker_groups_and_the_last_scaling_decision_are_shown(page, cluster, artifacts):
+    """From a listing the test serves (the REST side is tests/fast): worker jobs of two groups,
+    one pending with Slurm's reason and estimated start, and the decisions with their cause."""
+    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
+    mine = next(c for c in real["clusters"] if c["id"] == cluster.id)
+    job = {"state": "RUNNING", "reason": None, "joined": True, "estimated_start": None}
+    scaled = {
+        **mine,
+        "nodes_joined": 2,
+        "nodes_wanted": 3,
+        "worker_jobs": [
+            {**job, "job_id": "901", "host": "node2", "group": "default"},
+            {
+                **job,
+                "job_id": "902",
+                "host": None,
+                "group": "gpu",
+                "state": "PENDING",
+                "reason": "Resources",
+                "joined": False,
+                "estimated_start": "2026-12-01 14:05",
+            },
+        ],
+        "scaling": [
+            "10:00:01 1 → 2 nodes (submitted 901): scale() by its owner",
+            "10:02:00 2 → 3 nodes (gpu) (submitted 902): more GPUs <b>now</b>",
+        ],
+    }
+    listing = {**real, "reconciled_at": time.time(), "clusters": [scaled]}
+    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
+    page.route(pattern, lambda route: route.fulfill(json=listing))
+    try:
+        open_sidebar(page)
+        page.locator(".jp-SlurmRay-refresh").click()
+        item = card(page, cluster.id)
+        expect(item.locator(".jp-SlurmRay-scaling")).to_have_text(
+            "2/3 nodes alive · worker jobs: default: 1 running; "
+            "gpu: 0 running, 1 pending (Resources, est. start 2026-12-01 14:05)"
+        )
+        decision = item.locator(".jp-SlurmRay-decision")
+        expect(decision).to_have_text(scaled["scaling"][-1])  # text, never markup
+        assert decision.get_attribute("title") == "\n".join(scaled["scaling"])
+        page.locator("#jp-SlurmRay-sidebar").screenshot(
+            path=str(artifacts / "labextension-worker-groups.png")
+        )
+    finally:
+        page.unroute(pattern)
+        page.locator(".jp-SlurmRay-refresh").click()
+    expect(card(page, cluster.id).locator(".jp-SlurmRay-decision")).to_have_count(0)
+
+
 def test_stop_ends_the_slurm_job(page, cluster, artifacts):
     open_sidebar(page)
     item = card(page, cluster.id)
