@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ADAPT_EVENT = "adapt"
+ADAPT_REQUEST = "adapt_request"  # another process asks the owner to adapt (or to stop)
 INTERVAL = 2.0  # seconds between two looks at Ray's state (its monitor writes every ~5 s)
 SETTLE = 12.0  # a node that joined this recently may not show in Ray's demand yet
 DRAIN_TIMEOUT = 30.0
@@ -366,6 +367,69 @@ class ClusterAdapting:
         return settings
 
     adapt = blocking(adapt_async)
+
+    async def request_adapt_async(
+        self,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        *,
+        idle_timeout: float | None = None,
+        max_pending: int | None = None,
+        off: bool = False,
+    ) -> AdaptSettings | None:
+        """From a process that does not own the cluster (the CLI, another kernel, the server):
+        ask its owner to adapt with these settings (checked here first, one line), or to stop;
+        an ``adapt_request`` event the owner reads anyway and applies."""
+        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        record = cluster.registry.load(cluster.id)
+        if record is not None and record.owner_gone:
+            raise SlurmRayError(
+                f"the owner of {cluster.spec.name} (pid {record.owner_pid} on "
+                f"{record.owner_host}) is gone: attach the cluster, then adapt it"
+            )
+        if off:
+            await append_event(cluster.transport, cluster._job_dir().path, ADAPT_REQUEST, off=True)
+            return None
+        settings = checked_settings(
+            cluster.spec.nodes if minimum is None else minimum,
+            maximum,
+            60.0 if idle_timeout is None else idle_timeout,
+            2 if max_pending is None else max_pending,
+            None,
+            cluster.spec.nodes,
+        )
+        await append_event(
+            cluster.transport, cluster._job_dir().path, ADAPT_REQUEST, minimum=settings.minimum,
+            maximum=settings.maximum, idle_timeout=settings.idle_timeout,
+            max_pending=settings.max_pending,
+        )  # fmt: skip
+        return settings
+
+    request_adapt = blocking(request_adapt_async)
+
+    def _note_adapt_requests(self, events: list[dict[str, Any]], since: float) -> None:
+        """Adapt requests made after ``since`` (this owner's start): applied in order."""
+        for event in events:
+            t = event.get("t")
+            if event.get("event") == ADAPT_REQUEST and isinstance(t, int | float) and t >= since:
+                task = asyncio.ensure_future(self._apply_adapt_request(event))
+                self._requests.add(task)  # type: ignore[attr-defined]
+                task.add_done_callback(self._requests.discard)  # type: ignore[attr-defined]
+
+    async def _apply_adapt_request(self, event: dict[str, Any]) -> None:
+        asked = f"asked by pid {event.get('pid')} on {event.get('host')}"
+        try:
+            if event.get("off") is True:
+                await self.stop_adapting_async()
+                return
+            await self.adapt_async(
+                event.get("minimum"),
+                event.get("maximum"),
+                idle_timeout=event.get("idle_timeout"),
+                max_pending=event.get("max_pending"),
+            )
+        except SlurmRayError as exc:
+            log.warning("%s: an adapt request (%s) failed: %s", self, asked, exc)
 
     async def stop_adapting_async(self) -> None:
         """Stop the adaptive loop (the worker jobs stay as they are)."""

@@ -26,18 +26,31 @@ def add_adapt_arguments(parser: argparse.ArgumentParser, name_help: str) -> None
     parser.add_argument(
         "--max-pending", metavar="N", help="worker jobs waiting in Slurm's queue at once"
     )
-    parser.add_argument("--group", metavar="G", help="worker group (only 'default' exists)")
+    parser.add_argument(
+        "--group", metavar="G", help="worker group: 'default' (others are scaled with scale)"
+    )
     parser.add_argument("--off", action="store_true", help="stop adapting (worker jobs stay)")
 
 
 def adapt_command(session: Session, args: argparse.Namespace) -> list[str]:
-    """Start, change or stop (``--off``) the adaptive scaling of a cluster this kernel owns."""
+    """Start, change or stop (``--off``) the adaptive scaling of a cluster: its owner does;
+    any other process (the CLI, another kernel) asks the owner (an ``adapt_request`` event)."""
+    if not args.off and args.maximum is None:
+        raise SlurmRayError("adapt: give --maximum N (and --minimum N), or --off")
     cluster = session.find(args.name)
+    name = cluster.spec.name
+    if not cluster.owned_here:
+        if args.group not in (None, "default"):
+            raise SlurmRayError("adapt: --group: 'default' (scale other groups with scale)")
+        settings = cluster.request_adapt(
+            args.minimum, args.maximum, idle_timeout=args.idle, max_pending=args.max_pending,
+            off=args.off,
+        )  # fmt: skip
+        what = settings.describe() if settings else "adaptive scaling off"
+        return [f"{name}: {what}: asked of its owner (it applies it)"]
     if args.off:
         cluster.stop_adapting()
-        return [f"{cluster.spec.name}: adaptive scaling off (its worker jobs stay)"]
-    if args.maximum is None:
-        raise SlurmRayError("%slurm_ray adapt: give --maximum N (and --minimum N), or --off")
+        return [f"{name}: adaptive scaling off (its worker jobs stay)"]
     idle = args.idle if args.idle is not None else session.setting("adapt_idle_timeout", 60.0)
     pending = args.max_pending
     pending = pending if pending is not None else session.setting("adapt_max_pending", 2)
@@ -45,4 +58,4 @@ def adapt_command(session: Session, args: argparse.Namespace) -> list[str]:
         args.minimum, args.maximum, idle_timeout=idle, max_pending=pending, group=args.group
     )
     assert settings is not None
-    return [f"{cluster.spec.name}: {settings.describe()}"]
+    return [f"{name}: {settings.describe()}"]

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import commands
+from .adaptcommand import adapt_command, add_adapt_arguments
 from .commands import NAME_HELP, add_arguments, add_scale_arguments
 from .config import SlurmRay
 from .errors import SlurmRayError
@@ -47,6 +48,14 @@ def _parser() -> argparse.ArgumentParser:
         "(pending ones first); this command asks the owner to.",
     )
     add_scale_arguments(scale, NAME_HELP)
+    adapt = sub.add_parser(
+        "adapt",
+        help="adaptive scaling of a cluster: adapt NAME --maximum N [--minimum N], or --off",
+        description="The cluster's owner grows it with worker jobs for Ray's pending work and "
+        "retires idle ones, between --minimum and --maximum Ray nodes in all; this command "
+        "asks the owner to.",
+    )
+    add_adapt_arguments(adapt, NAME_HELP)
     gc = sub.add_parser(
         "gc",
         help="cancel our jobs (by their comment tag) that no live record owns",
@@ -119,6 +128,13 @@ def _scale(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     return 0
 
 
+def _adapt(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    if not args.name:
+        raise SlurmRayError("give a cluster NAME, e.g. adapt ray --maximum 4")
+    print("\n".join(adapt_command(session, args)))
+    return 0
+
+
 def _forget(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     print("\n".join(commands.forget(session, args.name, ended=args.ended)))
     return 0
@@ -156,6 +172,7 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "logs": _logs,
     "extend": _extend,
     "scale": _scale,
+    "adapt": _adapt,
     "gc": _gc,
     "forget": _forget,
     "doctor": _doctor,

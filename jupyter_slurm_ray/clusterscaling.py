@@ -145,7 +145,11 @@ class ClusterScaling:
                 task = asyncio.ensure_future(self._apply_scale_request(*request, event))
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
+        self._note_adapt_requests(events, self._owning_since)
         self._maybe_rotate()
+
+    def _note_adapt_requests(self, events: list[dict[str, Any]], since: float) -> None:
+        raise NotImplementedError  # ClusterAdapting's (adapt.py)
 
     # -- walltime rotation (rotation.py) ------------------------------------------------------
     def _maybe_rotate(self) -> None:

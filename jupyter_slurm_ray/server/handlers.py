@@ -5,6 +5,8 @@
   Slurm's words when the site refuses;
 - ``POST clusters/<id>/scale`` ``{"nodes": N}``: N Ray nodes in all (worker jobs); 200 when
   this server owns the cluster, 202 when its owner was asked; 400 naming ``nodes`` when N is bad;
+- ``POST clusters/<id>/adapt`` ``{"maximum": N, "minimum": N, ...}`` or ``{"off": true}``:
+  adaptive scaling, 200 / 202 as for scale, 400 naming the bad field;
 - ``GET doctor[?profile=NAME]``: the checklist of ``doctor.py`` (JSON).
 
 Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
@@ -174,6 +176,20 @@ class ScaleHandler(_ClustersHandler):
         self.finish(json.dumps({**self._with_links(view), "applied": applied}))
 
 
+class AdaptHandler(_ClustersHandler):
+    """``POST {"maximum": N, "minimum": N, "idle_timeout": S, "max_pending": N}`` or
+    ``{"off": true}``: adaptive scaling; 200 when this server owns the cluster (started), 202
+    when its owner was asked (``"applied": false``)."""
+
+    @web.authenticated
+    async def post(self, cluster_id: str) -> None:
+        body = self._json_body()
+        with _as_http_errors():
+            view, applied = await self.manager.adapt(cluster_id, body)
+        self.set_status(200 if applied else 202)
+        self.finish(json.dumps({**self._with_links(view), "applied": applied}))
+
+
 class DoctorHandler(_ClustersHandler):
     """``GET doctor[?profile=NAME&queue_timeout=S]``: the checklist (``Report.to_dict``) for
     the request a profile (or the configuration) means, with one short test job."""
@@ -204,5 +220,6 @@ def route_specs(
         (prefix, ClusterListHandler, kwargs),
         (prefix + r"/([^/]+)/extend", ExtendHandler, kwargs),
         (prefix + r"/([^/]+)/scale", ScaleHandler, kwargs),
+        (prefix + r"/([^/]+)/adapt", AdaptHandler, kwargs),
         (prefix + r"/([^/]+)", ClusterHandler, kwargs),
     ]

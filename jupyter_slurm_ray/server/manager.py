@@ -192,6 +192,39 @@ class ClusterManager:
         view["extended_by_minutes"] = extension.minutes
         return view
 
+    async def adapt(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Adaptive scaling of an active cluster (``{"maximum": N, "minimum": N,
+        "idle_timeout": S, "max_pending": N}``, or ``{"off": true}``): (its view, applied).
+        A cluster this server owns adapts here; any other is asked of its owner."""
+        if not isinstance(body, Mapping):
+            raise SpecError("body", body, "a JSON object with maximum (and minimum), or off")
+        unknown = set(body) - {"minimum", "maximum", "idle_timeout", "max_pending", "off"}
+        if unknown:
+            allowed = "minimum, maximum, idle_timeout, max_pending or off"
+            raise SpecError(sorted(unknown)[0], body[sorted(unknown)[0]], allowed)
+        off = body.get("off") is True
+        if not off and body.get("maximum") is None:
+            raise SpecError("maximum", None, "a whole number of Ray nodes in all (or off: true)")
+        entry = await self._entry(cluster_id)
+        record = entry.record
+        if record is None or not entry.active or not record.job_id:
+            raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can adapt")
+        low, high = body.get("minimum"), body.get("maximum")
+        idle, pending = body.get("idle_timeout"), body.get("max_pending")
+        cluster = self._owned.get(cluster_id)
+        if cluster is not None and off:
+            await cluster.stop_adapting_async()
+        elif cluster is not None:
+            await cluster.adapt_async(low, high, idle_timeout=idle, max_pending=pending)
+        else:
+            transport = self.transports.for_target(record.target)
+            other = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+            await other.request_adapt_async(
+                low, high, idle_timeout=idle, max_pending=pending, off=off
+            )
+        self.inventory.expire()
+        return self.view(await self._entry(cluster_id)), cluster is not None
+
     async def scale(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         """Scale an active cluster to ``{"nodes": N}`` Ray nodes in all: (its view, applied).
         A cluster this server owns is scaled here (scaling in returns once drained); any

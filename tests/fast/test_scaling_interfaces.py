@@ -169,3 +169,75 @@ async def test_the_panels_plus_and_minus_scale_by_one_node(site, make_cluster, s
         assert panel.shrink_button.disabled
     finally:
         panel.close()
+
+
+# -- adapt from elsewhere: the CLI and the REST API ask the owner --------------------------------
+def adapt_requests_in(job_dir: Path) -> list[dict]:
+    lines = (job_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("event") == "adapt_request"]
+
+
+@pytest.mark.usefixtures("root_logging_kept")
+def test_the_cli_asks_the_owner_to_adapt_and_to_stop(site, slurm, jobs_root, capsys):
+    cluster_id = owned_elsewhere(Registry(), slurm, jobs_root)
+    assert main(["adapt", "grow", "--maximum", "0"]) == 1
+    assert capsys.readouterr().err.startswith("jupyter slurm-ray: error: maximum: 0 is not")
+    assert main(["adapt", "grow", "--minimum", "3", "--maximum", "2"]) == 1
+    assert "at least the minimum (3)" in capsys.readouterr().err
+    assert main(["adapt", "grow"]) == 1
+    assert "give --maximum N" in capsys.readouterr().err
+    assert main(["adapt", "grow", "--maximum", "4", "--idle", "30"]) == 0
+    assert "adapting 1-4 nodes (idle 30 s" in capsys.readouterr().out
+    assert main(["adapt", "grow", "--off"]) == 0
+    asked = adapt_requests_in(jobs_root / cluster_id)
+    assert [(r.get("minimum"), r.get("maximum"), r.get("off")) for r in asked] == [
+        (1, 4, None), (None, None, True)
+    ]  # fmt: skip
+    assert slurm.calls == [call for call in slurm.calls if call[0] == "squeue"]
+
+
+async def test_rest_adapt_asks_the_owner_and_refuses_bad_bodies(
+    jp_fetch, server_manager, slurm, site, jobs_root
+):
+    cluster_id = owned_elsewhere(Registry(site["JUPYTER_SLURM_RAY_STATE_DIR"]), slurm, jobs_root)
+
+    async def post(body) -> tuple[int, dict]:
+        response = await jp_fetch(
+            "slurm-ray", "api", "clusters", cluster_id, "adapt", method="POST",
+            body=json.dumps(body), raise_error=False,
+        )  # fmt: skip
+        return response.code, json.loads(response.body)
+
+    for bad, field in (
+        ({"minimum": 2}, "maximum"),
+        ({"maximum": -1}, "maximum"),
+        ({"maximum": 3, "idle_timeout": 0}, "idle_timeout"),
+        ({"maximum": 3, "nodes": 3}, "nodes"),
+    ):
+        code, answer = await post(bad)
+        assert (code, answer["field"]) == (400, field), answer
+    assert adapt_requests_in(jobs_root / cluster_id) == []
+    code, answer = await post({"maximum": 3, "max_pending": 1})
+    assert code == 202 and answer["applied"] is False
+    code, answer = await post({"off": True})
+    asked = adapt_requests_in(jobs_root / cluster_id)
+    assert [(r.get("maximum"), r.get("max_pending"), r.get("off")) for r in asked] == [
+        (3, 1, None), (None, None, True)
+    ]  # fmt: skip
+
+
+async def test_the_owner_applies_an_adapt_request(make_cluster, slurm, transport):
+    cluster = make_cluster()
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 5, "READY")
+    record = cluster.registry.load(cluster.id)
+    other = SlurmRayCluster.from_record(record, transport, registry=cluster.registry)
+    await other.request_adapt_async(1, 3, idle_timeout=20)
+    await until(lambda: cluster.adapting is not None, 5, "the owner adapting")
+    assert cluster.adapting.settings.maximum == 3
+    assert cluster.adapting.settings.idle_timeout == 20
+    await other.request_adapt_async(off=True)
+    await until(lambda: cluster.adapting is None, 5, "the owner no longer adapting")
