@@ -240,3 +240,25 @@ def test_a_full_partition_keeps_max_pending_jobs_waiting_without_churn(cluster, 
         )
     finally:
         cluster.stop_adapting()
+
+
+def test_the_cli_asks_the_owning_process_to_adapt_and_to_stop(cluster):
+    """`jupyter slurm-ray adapt NAME …` in a terminal: the owner (this process) applies it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_SLURM_RAY_")}
+    environ.update(
+        JUPYTER_SLURM_RAY_STATE_DIR=str(cluster.registry.path),
+        JUPYTER_SLURM_RAY_COMMAND_PREFIX=" ".join(runuser("alice")),
+    )
+
+    def cli(*args: str) -> str:
+        argv = [sys.executable, "-m", "jupyter_slurm_ray.cli", "adapt", cluster.spec.name, *args]
+        done = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "asked of its owner" in cli("--maximum", "2", "--idle", "30")
+    wait_for(lambda: cluster.refresh() and cluster.adapting, 30, "the owner adapting")
+    assert (cluster.adapting.settings.maximum, cluster.adapting.settings.idle_timeout) == (2, 30)
+    assert cluster.status.scaling[0].startswith("adapting 1-2 nodes (idle 30 s")
+    cli("--off")
+    wait_for(lambda: cluster.refresh() and cluster.adapting is None, 30, "adapting stopped")
