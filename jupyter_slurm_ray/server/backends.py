@@ -10,7 +10,6 @@ The token stays in this process; it is never logged and never sent to the browse
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -33,7 +32,7 @@ from .keepalive import KeepAliveClient
 log = logging.getLogger(__name__)
 
 TransportLookup = Callable[[ClusterRecord], Transport]
-StatusLookup = Callable[[ClusterRecord, bool], Awaitable[Status]]  # (record, fresh)
+StatusLookup = Callable[[ClusterRecord], Awaitable[Status]]
 
 
 @dataclass(frozen=True)
@@ -91,18 +90,12 @@ class DashboardBackends:
         fwd = cached.forward
         return DashboardBackend(cluster_id, fwd.local_host, fwd.local_port, cached.token)
 
-    async def refuse_if_ended(self, cluster_id: str) -> None:
-        """After its dashboard did not answer: DashboardUnavailable when Slurm, asked again now
-        (not the shared snapshot), says the cluster ended."""
-        with contextlib.suppress(SlurmRayError):
-            await self._refuse_ended(self._record(cluster_id), fresh=True)
-
-    async def _refuse_ended(self, record: ClusterRecord, fresh: bool = False) -> None:
+    async def _refuse_ended(self, record: ClusterRecord) -> None:
         """DashboardUnavailable when the cluster ended, by its record or by what Slurm says
         now (a record left READY by an owner that died is not believed)."""
         state = State(record.state)
         if not state.is_final and self._status_of is not None:
-            state = (await self._status_of(record, fresh)).state
+            state = (await self._status_of(record)).state
         if state.is_final:
             self.forget(record.id)
             raise DashboardUnavailable(

@@ -19,7 +19,7 @@ from tornado import httputil, web
 
 from ..errors import SlurmRayError
 from .backends import DashboardBackends
-from .proxy import PREFIX, CapabilityRedacted, DashboardError, _DashboardProxy
+from .proxy import PREFIX, DashboardError, _DashboardProxy
 
 LINKS_PREFIX = "slurm-ray/dashboard-links"
 
@@ -68,7 +68,7 @@ class DashboardCapabilities:
                 self.revoke(self._cluster_of[capability])
 
 
-class SandboxedDashboardHandler(CapabilityRedacted, _DashboardProxy):
+class SandboxedDashboardHandler(_DashboardProxy):
     """``/slurm-ray/dashboard/<id>/~<capability>/…``: authorized by the capability alone.
 
     Jupyter's identity is neither needed nor used; the browser reaches this URL from the

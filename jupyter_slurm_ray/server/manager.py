@@ -118,11 +118,8 @@ class ClusterManager:
                 view["log_tail"] = f"(logs unavailable: {exc})"
         return view
 
-    async def status(self, record: ClusterRecord, fresh: bool = False) -> Status:
-        """A record's status reconciled with Slurm (from the listing's shared snapshot, or,
-        ``fresh``, from Slurm asked now)."""
-        if fresh:
-            self.inventory.expire()
+    async def status(self, record: ClusterRecord) -> Status:
+        """A record's status reconciled with Slurm (from the listing's shared snapshot)."""
         return await self.inventory.status_of(record)
 
     def transport(self, target: str) -> Transport:

@@ -35,7 +35,6 @@ from .proxy import (
     _HOP_BY_HOP_REQUEST,
     PREFIX,
     SANDBOX_POLICY,
-    CapabilityRedacted,
     DashboardError,
     backend_failed,
     backend_uri,
@@ -74,7 +73,7 @@ def page_rules(
     ]
 
 
-class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
+class DashboardPageHandler(web.RequestHandler):
     """Plain HTTP on ``/slurm-ray/dashboard/<id>/~<capability>/…``: authorized by the
     capability alone (Jupyter's login is neither needed nor used; its ``Host`` check is)."""
 
@@ -143,7 +142,7 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
         try:
             response = await self.backends.client.fetch(request)
         except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
-            raise await backend_failed(self.backends, backend.cluster_id, exc) from None
+            raise backend_failed(self.backends, backend.cluster_id, exc) from None
         self._relay(response)
 
     def _request_headers(self, backend: DashboardBackend) -> httputil.HTTPHeaders:
@@ -215,3 +214,13 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
             self.set_header("Retry-After", str(exc.retry_after))
         self._set_route_headers("text/html")
         self.finish(error_page(status_code, message))
+
+    def _log(self) -> None:
+        """Errors only: the page polls every few seconds (Jupyter's log would get a line for
+        each request)."""
+        if self.get_status() >= 400:
+            log.warning("%d %s %s", self.get_status(), self.request.method, self._redacted_path())
+
+    def _redacted_path(self) -> str:
+        cluster_id, _, path = self.path_args or ("?", "", "")
+        return f"/{PREFIX}/{cluster_id}/~…{path or ''}"

@@ -186,17 +186,10 @@ def unavailable(
     return DashboardError(503, message[:1].upper() + message[1:] + ".", 5 if starting else None)
 
 
-async def backend_failed(
-    backends: DashboardBackends, cluster_id: str, why: object
-) -> DashboardError:
-    """503 when the dashboard does not answer: that the cluster ended, if Slurm (asked again)
-    says so; else naming the cluster and its last known state."""
+def backend_failed(backends: DashboardBackends, cluster_id: str, why: object) -> DashboardError:
+    """503 when the dashboard does not answer: naming the cluster and its last known state."""
     log.warning("the dashboard of %s does not answer: %s", cluster_id, why)
     backends.forget(cluster_id)  # the next request reads connection.json again
-    try:
-        await backends.refuse_if_ended(cluster_id)
-    except DashboardUnavailable as exc:
-        return unavailable(backends, cluster_id, exc)
     record = _record(backends, cluster_id)
     if record is None:
         who, state = f"Ray cluster `{cluster_id}`", "unknown"
@@ -216,30 +209,6 @@ def _record(backends: DashboardBackends, cluster_id: str) -> Any:
         return backends.registry.load(cluster_id)
     except (SlurmRayError, OSError):
         return None
-
-
-class CapabilityRedacted:
-    """Log lines of the capability route without its capability (the route's whole
-    authorization): errors only, with ``~…`` in its place; nothing per successful request."""
-
-    path_args: list[Any]
-    request: httputil.HTTPServerRequest
-
-    def get_status(self) -> int:
-        raise NotImplementedError
-
-    def _redacted_path(self) -> str:
-        cluster_id, _, path = [*(self.path_args or []), "?", "", ""][:3]
-        return f"/{PREFIX}/{cluster_id}/~…{path or ''}"
-
-    def _log(self) -> None:
-        if self.get_status() >= 400:
-            log.warning("%d %s %s", self.get_status(), self.request.method, self._redacted_path())
-
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, web.HTTPError):  # answered with its page; _log tells it
-            return
-        log.error("uncaught exception on %s", self._redacted_path(), exc_info=(typ, value, tb))
 
 
 class _ResponseGuard(web.OutputTransform):
@@ -321,8 +290,8 @@ class _DashboardProxy(ProxyHandler):
     def _unavailable(self, exc: DashboardUnavailable) -> DashboardError:
         return unavailable(self.backends, self.cluster_id, exc)
 
-    async def _backend_failed(self, why: object) -> DashboardError:
-        return await backend_failed(self.backends, self.cluster_id, why)
+    def _backend_failed(self, why: object) -> DashboardError:
+        return backend_failed(self.backends, self.cluster_id, why)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -363,13 +332,13 @@ class _DashboardProxy(ProxyHandler):
         try:
             await self.proxy(backend.host, backend.port, self.proxied_path)
         except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
-            raise await self._backend_failed(exc) from None
+            raise self._backend_failed(exc) from None
         except web.HTTPError as exc:
             if exc.status_code not in (500, 599):  # what the proxy makes of a lost backend
                 raise
-            raise await self._backend_failed(exc) from None
+            raise self._backend_failed(exc) from None
         if self.get_status() == 599 and not self._headers_written:  # the event-stream path
-            raise await self._backend_failed("no answer")
+            raise self._backend_failed("no answer")
 
     async def proxy(self, host: str, port: int, proxied_path: str) -> None:
         """jupyter-server-proxy's buffered path over kept-alive connections; event streams
