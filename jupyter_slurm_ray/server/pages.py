@@ -221,6 +221,12 @@ class DashboardPageHandler(web.RequestHandler):
         if self.get_status() >= 400:
             log.warning("%d %s %s", self.get_status(), self.request.method, self._redacted_path())
 
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        """Tornado's own line names the URL, capability and all: ours does not."""
+        if isinstance(value, web.HTTPError):  # answered with its page; _log tells it
+            return
+        log.error("uncaught exception on %s", self._redacted_path(), exc_info=(typ, value, tb))
+
     def _redacted_path(self) -> str:
         cluster_id, _, path = self.path_args or ("?", "", "")
         return f"/{PREFIX}/{cluster_id}/~…{path or ''}"

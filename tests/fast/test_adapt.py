@@ -240,6 +240,7 @@ def test_the_magic_command_passes_the_settings_and_off():
 
     class Cluster:
         spec = _Spec()
+        owned_here = True  # this kernel's cluster
 
         def adapt(self, *args, **kwargs):
             calls.append((args, kwargs))
