@@ -209,7 +209,8 @@ class Inventory:
             by_target.setdefault(record.target, []).append(record.job_id)
         snapshot = _Snapshot(taken=time.monotonic(), at=time.time())
         snapshot.asked = {j for ids in by_target.values() for j in ids}
-        max_age, self._exact = (0.0 if self._exact else self.shared_max_age), False
+        max_age = 0.0 if self._exact else self._shared_age_for(self._watched(records))
+        self._exact = False
         for target, job_ids in by_target.items():
             self.slurm_queries += 1
             try:
@@ -223,6 +224,13 @@ class Inventory:
                 log.warning("Slurm did not answer about %s: %s", ",".join(job_ids), exc)
         self._snapshot = snapshot
         return snapshot
+
+    def _shared_age_for(self, records: Sequence[ClusterRecord]) -> float:
+        """How old the user's shared queue answer may be: never older than the newest change
+        of a record asked about (an answer from before it says nothing of what it claims now,
+        e.g. a job that ended just before its record was written)."""
+        newest = max((r.updated_at for r in records), default=0.0)
+        return max(0.0, min(self.shared_max_age, time.time() - newest))
 
     def _queue(self, target: str) -> SharedQueue:
         """The user's queue on ``target``, shared with their kernels through the state dir."""

@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import re
+import secrets
 import shutil
 import socketserver
 import subprocess
@@ -754,6 +755,21 @@ def test_a_websocket_through_a_capability_url_streams_a_job_log(server, cluster)
     finally:
         ws.close()
     assert "via-capability" in text
+
+
+def test_a_refused_websocket_on_a_capability_url_logs_no_capability(server, fake):
+    """A websocket upgrade refused on the capability route (here: a capability this server
+    never minted) is logged without the capability: Tornado's own lines name the whole URL."""
+    link = link_of(server, fake.id)
+    forged = "~" + secrets.token_urlsafe(30)
+    url = re.sub(r"/~[^/]+/", f"/{forged}/", link).replace("http", "ws", 1) + "api/x/tail"
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(url, header=["Origin: null"], timeout=30)
+    assert refused.value.status_code == 404
+    wait_for(lambda: "/api/x/tail" in server.log_path.read_text(), 10, "the refusal in the log")
+    log = server.log_path.read_text()
+    assert f"404 GET /slurm-ray/dashboard/{fake.id}/~…/api/x/tail" in log
+    assert forged[1:] not in log
 
 
 # -- last: it asks Slurm about a job of its own ---------------------------------------------

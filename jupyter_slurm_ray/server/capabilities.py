@@ -8,8 +8,10 @@ request's whole authorization. Nothing on this route can use the user's Jupyter 
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated
@@ -22,6 +24,8 @@ from .backends import DashboardBackends
 from .proxy import PREFIX, DashboardError, _DashboardProxy
 
 LINKS_PREFIX = "slurm-ray/dashboard-links"
+
+log = logging.getLogger(__name__)
 
 
 class DashboardCapabilities:
@@ -68,7 +72,46 @@ class DashboardCapabilities:
                 self.revoke(self._cluster_of[capability])
 
 
-class SandboxedDashboardHandler(_DashboardProxy):
+class CapabilityRedacted:
+    """Log lines of the capability route without its capability (the route's whole
+    authorization): errors only (the page polls every few seconds), with ``~…`` in its place.
+    Tornado's own lines (the access log, an HTTPError's warning) name the whole URL."""
+
+    # From the handler it is mixed into (annotations only: nothing here shadows them).
+    path_args: list[Any]
+    request: httputil.HTTPServerRequest
+    get_status: Callable[[], int]
+
+    def _log(self) -> None:
+        if self.get_status() >= 400:
+            log.warning("%d %s %s", self.get_status(), self.request.method, self._redacted_path())
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, web.HTTPError):  # answered with its page; _log tells it
+            return
+        log.error("uncaught exception on %s", self._redacted_path(), exc_info=(typ, value, tb))
+
+    def _redacted_path(self) -> str:
+        cluster_id, _, path = [*(self.path_args or []), "?", "", ""][:3]
+        return f"/{PREFIX}/{cluster_id}/~…{path or ''}"
+
+
+def preflight_answered(handler: web.RequestHandler) -> bool:
+    """Whether the request is a CORS preflight from the sandboxed page (its origin is opaque):
+    if so, its 204 status and headers are set (the caller adds its own and finishes)."""
+    request = handler.request.headers
+    if "Access-Control-Request-Method" not in request:
+        return False
+    handler.set_status(204)
+    handler.set_header("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, PATCH, DELETE")
+    handler.set_header("Access-Control-Max-Age", "600")
+    requested = request.get("Access-Control-Request-Headers")
+    if requested:
+        handler.set_header("Access-Control-Allow-Headers", requested)
+    return True
+
+
+class SandboxedDashboardHandler(CapabilityRedacted, _DashboardProxy):
     """``/slurm-ray/dashboard/<id>/~<capability>/…``: authorized by the capability alone.
 
     Jupyter's identity is neither needed nor used; the browser reaches this URL from the
@@ -101,14 +144,8 @@ class SandboxedDashboardHandler(_DashboardProxy):
         return True
 
     def _answer_preflight(self) -> bool:
-        if "Access-Control-Request-Method" not in self.request.headers:
+        if not preflight_answered(self):
             return False
-        self.set_status(204)
-        self.set_header("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, PATCH, DELETE")
-        requested = self.request.headers.get("Access-Control-Request-Headers")
-        if requested:
-            self.set_header("Access-Control-Allow-Headers", requested)
-        self.set_header("Access-Control-Max-Age", "600")
         self.finish()
         return True
 

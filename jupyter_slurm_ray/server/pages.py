@@ -29,7 +29,12 @@ from tornado.routing import PathMatches, Rule
 
 from ..errors import DashboardUnavailable, NotFound
 from .backends import DashboardBackend, DashboardBackends
-from .capabilities import DashboardCapabilities, SandboxedDashboardHandler
+from .capabilities import (
+    CapabilityRedacted,
+    DashboardCapabilities,
+    SandboxedDashboardHandler,
+    preflight_answered,
+)
 from .proxy import (
     _DROPPED_REQUEST_HEADERS,
     _HOP_BY_HOP_REQUEST,
@@ -73,7 +78,7 @@ def page_rules(
     ]
 
 
-class DashboardPageHandler(web.RequestHandler):
+class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
     """Plain HTTP on ``/slurm-ray/dashboard/<id>/~<capability>/…``: authorized by the
     capability alone (Jupyter's login is neither needed nor used; its ``Host`` check is)."""
 
@@ -188,14 +193,8 @@ class DashboardPageHandler(web.RequestHandler):
         self.set_header("Vary", "Origin")
 
     def _answer_preflight(self) -> bool:
-        if "Access-Control-Request-Method" not in self.request.headers:
+        if not preflight_answered(self):
             return False
-        self.set_status(204)
-        self.set_header("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, PATCH, DELETE")
-        requested = self.request.headers.get("Access-Control-Request-Headers")
-        if requested:
-            self.set_header("Access-Control-Allow-Headers", requested)
-        self.set_header("Access-Control-Max-Age", "600")
         self._set_route_headers("")
         self.finish()
         return True
@@ -214,19 +213,3 @@ class DashboardPageHandler(web.RequestHandler):
             self.set_header("Retry-After", str(exc.retry_after))
         self._set_route_headers("text/html")
         self.finish(error_page(status_code, message))
-
-    def _log(self) -> None:
-        """Errors only: the page polls every few seconds (Jupyter's log would get a line for
-        each request)."""
-        if self.get_status() >= 400:
-            log.warning("%d %s %s", self.get_status(), self.request.method, self._redacted_path())
-
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        """Tornado's own line names the URL, capability and all: ours does not."""
-        if isinstance(value, web.HTTPError):  # answered with its page; _log tells it
-            return
-        log.error("uncaught exception on %s", self._redacted_path(), exc_info=(typ, value, tb))
-
-    def _redacted_path(self) -> str:
-        cluster_id, _, path = self.path_args or ("?", "", "")
-        return f"/{PREFIX}/{cluster_id}/~…{path or ''}"

@@ -96,6 +96,29 @@ async def test_the_inventory_takes_the_queue_a_kernel_just_asked_for(registry, t
     assert squeues(slurm) == 2
 
 
+async def test_a_queue_answer_older_than_a_record_is_not_taken_for_it(registry, transport, slurm):
+    """A job that ended just before its record was written: the shared answer, taken while it
+    ran, says nothing about it (the dashboard's 503 page would say "last seen READY")."""
+    from jupyter_slurm_ray.inventory import Inventory
+    from jupyter_slurm_ray.naming import job_comment
+    from jupyter_slurm_ray.registry import ClusterRecord
+    from jupyter_slurm_ray.targets import Transports
+
+    from ..helpers.fakeslurm import FakeJob
+
+    slurm.jobs["7"] = FakeJob("7", "", comment=job_comment("c-0001"), state="RUNNING")
+    kernel = SlurmClient(transport, shared=SharedQueue(registry.path, transport.target))
+    await kernel.query(["7"])
+    slurm.end("7", "COMPLETED")
+    record = ClusterRecord(
+        id="c-0001", name="c", target="fake", job_dir="/j", job_id="7", state="READY"
+    )
+    registry.save(record)
+    inventory = Inventory(registry, Transports(lambda: transport), shared_max_age=60)
+    assert (await inventory.status_of(record)).state is State.STOPPED
+    assert squeues(slurm) == 2
+
+
 async def test_a_pending_job_asks_slurm_seldom_but_notices_its_start_at_once(
     transport, registry, jobs_root, slurm
 ):
