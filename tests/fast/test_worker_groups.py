@@ -187,9 +187,13 @@ async def test_rotation_submits_a_replacement_of_the_group_then_drains_the_old(m
     slurm.run(new, "node3")
     emit(cluster, {"event": "worker_joined", "role": "worker", "host": "node3", "worker_job": new})
     await until(lambda: Path(cluster.job_dir, f"drain-{old}").exists(), 5, "the old one drained")
-    rotated = [e for e in cluster.events if e.get("event") == "rotated"]
-    assert [e["step"] for e in rotated][:2] == ["submitted", "draining"]
-    assert "ends in" in rotated[0]["cause"]
+
+    def rotated() -> list[dict]:  # its event is read on a later tick than the drain file
+        return [e for e in cluster.events if e.get("event") == "rotated"]
+
+    await until(lambda: len(rotated()) >= 2, 5, "the draining told in the events")
+    assert [e["step"] for e in rotated()][:2] == ["submitted", "draining"]
+    assert "ends in" in rotated()[0]["cause"]
     slurm.end(old, "COMPLETED")
 
 
