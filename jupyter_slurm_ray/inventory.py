@@ -62,6 +62,8 @@ class Entry:
         record = self.record
         if record is None:
             return "?"
+        if not record.owner_host:
+            return "unknown"  # a record written without its owner's identity
         if record.owner_pid == os.getpid():
             return "this process"
         if record.detached:

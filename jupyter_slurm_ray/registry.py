@@ -102,6 +102,8 @@ class ClusterRecord:
         for name in ("id", "name", "target", "job_dir"):
             if name not in values:
                 raise RegistryError(f"the field {name!r} is missing")
+        for name, unknown in _OWNER_UNKNOWN.items():  # never the reader's own identity
+            values.setdefault(name, unknown)
         if isinstance(values.get("target"), Mapping):  # written by an older version
             values["target"] = target_name(values["target"])
         for name, value in values.items():
@@ -128,6 +130,9 @@ class ClusterRecord:
         return self.owner_process.alive is False
 
 
+# A record read without its owner's identity has an owner that cannot be judged (a remote
+# one), not the defaults of a new record: those name the process reading it.
+_OWNER_UNKNOWN: dict[str, Any] = {"owner_host": "", "owner_pid": 0, "owner_started": None}
 _OPTIONAL_STR = (str, type(None))
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,),

@@ -7,6 +7,7 @@ each test sets up exactly the ownership it is about.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -155,3 +156,42 @@ def test_down_by_name_and_all(transport, jobs, capsys):
     out = capsys.readouterr().out
     assert last_state(second[1]) == "CANCELLED"
     assert f"{second[0]} ({second[0]}): STOPPED" in out
+
+
+def test_list_runs_nothing_of_hostile_records_and_refuses_a_group_writable_registry(
+    site, tmp_path, capsys
+):
+    """Records are data: a planted ``command_prefix`` is never run, a truncated record is a
+    row saying so; a state dir other users may write is refused with a warning, not a crash."""
+    canary = tmp_path / "touched"
+    clusters = Registry().path / "clusters"
+    clusters.mkdir(mode=0o700, parents=True, exist_ok=True)
+    hostile = {
+        "id": "evil-0001",
+        "name": "evil",
+        "target": {"kind": "local", "command_prefix": ["touch", str(canary)]},
+        "job_dir": "/tmp",
+        "job_id": "1",
+        "state": "READY",
+    }
+    planted = {"evil-0001": json.dumps(hostile), "trunc-0001": '{"id": "trunc-0001", "na'}
+    try:
+        for cluster_id, text in planted.items():
+            (clusters / f"{cluster_id}.json").write_text(text)
+            (clusters / f"{cluster_id}.json").chmod(0o600)
+        assert main(["list"]) == 0
+        listed = capsys.readouterr().out
+        evil = next(line.split() for line in listed.splitlines() if " evil-0001 " in line)
+        assert evil[3:6] == ["READY", "0/1", "unknown"]  # not "this process": it names none
+        assert "evil-0001: started through 'local (touch" in listed  # never run
+        assert "trunc-0001: unreadable record: not valid JSON" in listed
+        clusters.chmod(0o770)
+        assert main(["list"]) == 0
+        refused = capsys.readouterr().out
+        assert f"the registry directory {clusters} is writable by other users" in refused
+        assert "chmod go-w" in refused and "evil-0001" not in refused
+        assert not canary.exists()
+    finally:
+        clusters.chmod(0o700)
+        for cluster_id in planted:
+            (clusters / f"{cluster_id}.json").unlink(missing_ok=True)

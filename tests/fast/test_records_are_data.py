@@ -8,10 +8,11 @@ import os
 import pytest
 
 from jupyter_slurm_ray.errors import RegistryError
-from jupyter_slurm_ray.inventory import Inventory, find_orphans, format_table
+from jupyter_slurm_ray.inventory import Entry, Inventory, find_orphans, format_table
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.states import status_of_record
 from jupyter_slurm_ray.targets import Transports
 
 from ..helpers.fakeslurm import FakeJob
@@ -117,3 +118,14 @@ def test_an_owner_is_judged_by_pid_and_start_time(registry):
     assert reused.owner_gone  # same pid, another process
     elsewhere = good(owner_pid=1, owner_host="another-host")
     assert elsewhere.owner_alive and not elsewhere.owner_gone  # cannot be judged from here
+
+
+def test_a_record_without_its_owners_identity_is_not_the_readers(registry):
+    """The defaults of a new record name the process creating it; a record read without an
+    owner must not claim the reader as its owner (it would be judged alive, and "this process")."""
+    unowned = {k: v for k, v in good().__dict__.items() if not k.startswith("owner")}
+    plant(registry, "good-0001", json.dumps(unowned))
+    record = registry.load("good-0001")
+    assert (record.owner_pid, record.owner_host, record.owner_started) == (0, "", None)
+    assert record.owner_process.alive is None and not record.owner_gone
+    assert Entry(record.id, record, status_of_record(record)).owner == "unknown"
