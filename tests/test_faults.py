@@ -25,7 +25,12 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .helpers.clusters import cluster_spec, processes_of, wait_until_nothing_left
+from .helpers.clusters import (
+    cluster_spec,
+    down_and_record,
+    processes_of,
+    wait_until_nothing_left,
+)
 from .helpers.faults import (
     controller_paused,
     node_down,
@@ -77,8 +82,7 @@ def connected(registry):
     cluster = new_cluster(registry)
     cluster.up()
     yield cluster
-    cluster.down()
-    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+    down_and_record(cluster, "slurmctld paused, then killed and restarted")
 
 
 class TestTheController:
@@ -256,8 +260,7 @@ def test_a_killed_raylet_is_shown_lost_and_the_rest_keeps_working(registry):
             cluster_ended=False,
         )
     finally:
-        cluster.down()
-    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+        down_and_record(cluster, "worker raylet SIGKILLed")
 
 
 def _is_raylet_on(pid: int, host: str) -> bool:
@@ -359,6 +362,5 @@ def test_a_submit_that_hangs_after_queueing_is_adopted_not_orphaned(registry, tm
         assert ours == [cluster.job_id]  # exactly one job, and it is the one adopted
         assert registry.load(cluster.id).job_id == cluster.job_id
     finally:
-        cluster.down()
-    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+        down_and_record(cluster, "sbatch hangs after queueing")
     record_figure("sbatch hangs after queueing", adopted_after_s=round(adopted_after, 1))

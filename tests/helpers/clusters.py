@@ -63,6 +63,17 @@ def wait_until_nothing_left(job_id: str, job_dir: str, timeout: float = 40.0) ->
     return time.monotonic() - started
 
 
+def down_and_record(cluster, fault: str) -> None:
+    """``down()``, then wait until nothing of the cluster is left; how long it took goes to
+    the fault's figures (``test-artifacts/fault-figures.jsonl``)."""
+    from .faults import record_figure
+
+    started = time.monotonic()
+    cluster.down()
+    wait_until_nothing_left(cluster.job_id, cluster.job_dir)
+    record_figure(fault, nothing_left_after_down_s=round(time.monotonic() - started, 1))
+
+
 def ray_in_subprocess(
     address: str, token_path: str | None, code: str, timeout: float = 90, env: dict | None = None
 ) -> subprocess.CompletedProcess:

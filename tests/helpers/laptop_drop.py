@@ -107,7 +107,9 @@ def main() -> None:
         seen["squatter_bound"] = squat["bound"]
         seen["squatter_got_token"] = token in squat["received"]
     finally:
+        downed = time.monotonic()
         status = cluster.down()
+        seen["down_s"] = round(time.monotonic() - downed, 1)
         seen["final_state"] = status.state.value
         seen["forwards_after_down"] = len(transport.open_forwards)
         seen["job_id"], seen["job_dir"] = cluster.job_id, cluster.job_dir
