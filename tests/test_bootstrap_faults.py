@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from .helpers.bootstrap import (
+    BOOTSTRAP_DIR,
     JOBS_ROOT,
     NODE_NETNS,
     JobDir,
@@ -38,6 +40,7 @@ from .helpers.bootstrap import (
 )
 from .helpers.clusters import processes_of
 from .helpers.jobs import queue_state
+from .helpers.testbed import USER
 
 trust = bootstrap_module("trust")
 portlock = bootstrap_module("portlock")
@@ -482,3 +485,55 @@ def log_retries(job: JobDir) -> None:
     for event in job.events():
         if event["event"] in ("ports_retry", "worker_retry", "ready"):
             log(f"port retry: +{event['t'] - began:.1f} s {event['role']} {event['event']}")
+
+
+USER_TEMP_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import trust
+print(trust.user_temp_dir())
+"""
+
+
+@pytest.mark.testbed
+def test_a_squatted_user_temp_dir_is_passed_over() -> None:
+    """Anyone can create /tmp/jsr-<uid> before its user does. Here alice squats bob's: the
+    bootstrap (run as bob) takes the next of its names that is bob's own, and when alice took
+    all of them, a fresh private one; never a directory alice holds."""
+    bob = user_uid(BOB)
+    names = [Path(f"/tmp/jsr-{bob}")] + [Path(f"/tmp/jsr-{bob}-{n}") for n in range(1, 8)]
+    code = Path(tempfile.mkdtemp(prefix="jsr-probe-", dir="/tmp"))  # bob can read it
+    code.chmod(0o755)
+    for module in ("trust.py", "jsr_base.py"):
+        shutil.copy(BOOTSTRAP_DIR / module, code / module)
+        (code / module).chmod(0o644)
+    aside = {name: name.with_name(f"{name.name}.aside") for name in names if name.exists()}
+    for name, moved in aside.items():  # bob runs no cluster: his own dirs, put back below
+        name.rename(moved)
+    made: list[Path] = []
+
+    def bobs_temp_dir() -> Path:
+        out = run_as_user(sys.executable, "-c", USER_TEMP_PROBE, str(code), user=BOB)
+        path = Path(out.stdout.strip().splitlines()[-1])
+        made.append(path)
+        return path
+
+    try:
+        run_as_user("mkdir", "-m", "0777", str(names[0]))  # alice squats
+        made.append(names[0])
+        taken_over = bobs_temp_dir()
+        assert taken_over == names[1]
+        assert taken_over.owner() == BOB and taken_over.stat().st_mode & 0o777 == 0o700
+        shutil.rmtree(taken_over)
+        for name in names[1:]:
+            run_as_user("mkdir", "-m", "0777", str(name))
+            made.append(name)
+        fresh = bobs_temp_dir()
+        assert fresh.name.startswith(f"jsr-{bob}-") and fresh not in names
+        assert fresh.owner() == BOB and fresh.stat().st_mode & 0o777 == 0o700
+        assert all(name.owner() == USER for name in names)  # alice's, untouched
+    finally:
+        for path in [*made, code]:
+            shutil.rmtree(path, ignore_errors=True)
+        for name, moved in aside.items():
+            moved.rename(name)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jsr_base import BootstrapError, short_hostname
-from trust import open_regular, private_dir, read_regular, real_dir
+from trust import open_regular, private_dir, read_regular, real_dir, user_temp_dir
 
 SHARED_LOCK_DIR = Path("/tmp/jupyter-slurm-ray-ports")  # used only if a site provides it
 LOCK_WAIT = 10.0  # s, then go on without the lock
@@ -61,7 +61,7 @@ def lock_dir_for(configured: str | Path | None, notify: Notify) -> Path | None:
         if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and info.st_mode & stat.S_ISVTX:
             return SHARED_LOCK_DIR
     try:
-        return private_dir(private_dir(Path(f"/tmp/jsr-{os.getuid()}")) / "ports")
+        return private_dir(user_temp_dir() / "ports")
     except (OSError, BootstrapError) as exc:
         notify(f"no private port lock dir: {exc}")
         return None

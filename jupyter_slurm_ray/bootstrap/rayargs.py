@@ -16,7 +16,7 @@ from jsr_base import NODE_RESOURCE, BootstrapError, Config, job_id, run_text, sh
 from nodeaddr import node_address
 from portblock import PORT_NAMES, PortBlock, claim_port_block
 from portlock import Notify
-from trust import private_dir
+from trust import user_temp_dir
 
 MAX_TEMP_DIR = 43  # Ray's unix socket paths below it must stay within 107 bytes
 MIB = 1024 * 1024
@@ -66,9 +66,9 @@ def node_temp_dir(job: str, host: str) -> Path:
     """Ray's node-local dir, short enough for its unix sockets.
 
     Ray makes its temp dir and session dirs world-writable (0777); the private parent
-    /tmp/jsr-<uid> keeps other users out of them.
+    /tmp/jsr-<uid> (``trust.user_temp_dir``) keeps other users out of them.
     """
-    parent = private_dir(Path(f"/tmp/jsr-{os.getuid()}"))
+    parent = user_temp_dir()
     for name in (f"{job}-{host}", f"{job}-{zlib.crc32(host.encode()):08x}"):
         path = parent / name
         if len(str(path)) <= MAX_TEMP_DIR:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
+import tempfile
 from pathlib import Path
 
 from jsr_base import BootstrapError
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+USER_TEMP_NAMES = 8  # /tmp/jsr-<uid>, then -1 … -7: how many names a squatter must take
 
 
 def path_problem(path: Path, uid: int) -> str | None:
@@ -57,6 +60,22 @@ def private_dir(path: Path) -> Path:
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(path, 0o700)
     return path
+
+
+def user_temp_dir() -> Path:
+    """This user's private dir under /tmp (Ray's temp dirs, port locks, unpacked packs).
+
+    /tmp/jsr-<uid>, found again by every job of this user on the node. Anyone can create that
+    name first: then the first of /tmp/jsr-<uid>-1 … -7 that is this user's, and past those a
+    fresh private one (nothing is shared between this user's jobs then, but the job runs).
+    """
+    base = f"/tmp/jsr-{os.getuid()}"
+    for name in (base, *(f"{base}-{n}" for n in range(1, USER_TEMP_NAMES))):
+        try:
+            return private_dir(Path(name))
+        except (BootstrapError, OSError) as exc:
+            print(f"jupyter-slurm-ray: not using {name}: {exc}", file=sys.stderr)
+    return Path(tempfile.mkdtemp(prefix=f"jsr-{os.getuid()}-", dir="/tmp"))
 
 
 def real_dir(path: Path) -> os.stat_result:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from jsr_base import BootstrapError, short_hostname
-from trust import private_dir
+from trust import user_temp_dir
 
 PACK_VARIABLE = "JSR_ENV_PACK"
 PACK_FILE = "env-pack"  # in the job dir: the archive, for the worker jobs
@@ -77,7 +77,7 @@ def unpacked(archive: Path) -> tuple[Path, bool]:
     if match is None:
         raise BootstrapError(f"{PACK_VARIABLE}={archive} does not name an environment pack")
     kind = match.group(1)
-    parent = private_dir(Path(f"/tmp/jsr-{os.getuid()}"))
+    parent = user_temp_dir()
     target = parent / f"env-{kind}-{match.group(2)}"
     with _node_lock(parent / f"{target.name}.lock"):
         marker = target / MARKER
