@@ -68,8 +68,11 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     >>> cluster.down()          # disconnect, cancel, wait until nothing is left
 
     Every operation is a coroutine ``name_async`` with a blocking twin ``name`` declared next
-    to it: ``up``, ``wait_up``, ``wait_ready``, ``connect``, ``disconnect``, ``down``, ``close``,
-    ``detach``, ``attach``, ``refresh``, ``logs``, ``script``, ``connection_info``.
+    to it, here or in the mixin that defines the coroutine. The twins: ``up``, ``wait_up``,
+    ``wait_ready``, ``connect``, ``disconnect``, ``down``, ``close``, ``detach``, ``attach``,
+    ``refresh``, ``logs``, ``script``, ``connection_info``, ``usage``, ``extend``; ``scale``,
+    ``request_scale`` (ClusterScaling, clusterscaling.py); ``adapt``, ``request_adapt``,
+    ``stop_adapting`` (ClusterAdapting, adapt.py).
     """
 
     def __init__(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -62,13 +63,24 @@ def test_the_bootstrap_reads_every_setting_the_client_writes_with_the_same_defau
     assert defaults.lock_dir == spec.port_lock_dir
 
 
-def test_every_coroutine_of_a_cluster_has_its_blocking_twin_declared():
-    members = vars(SlurmRayCluster)
-    coroutines = {n for n, f in members.items() if inspect.iscoroutinefunction(f)}
-    public = {n for n in coroutines if n.endswith("_async")}
-    assert public
-    for name in public:
-        twin = members.get(name.removesuffix("_async"))
-        assert callable(twin) and not inspect.iscoroutinefunction(twin), name
-        assert twin.__wrapped__ is members[name], name
-        assert "Blocking form of" in (twin.__doc__ or "")
+def test_every_coroutine_of_a_cluster_has_its_blocking_twin_declared_and_listed():
+    # The whole MRO: the mixins (ClusterScaling, ClusterAdapting) declare twins too.
+    twins = set()
+    for cls in SlurmRayCluster.__mro__:
+        members = vars(cls)
+        for name, f in members.items():
+            if not (name.endswith("_async") and inspect.iscoroutinefunction(f)):
+                continue
+            if name.startswith("_"):
+                continue
+            twin = members.get(name.removesuffix("_async"))  # declared next to its coroutine
+            assert callable(twin) and not inspect.iscoroutinefunction(twin), name
+            assert twin.__wrapped__ is members[name], name
+            assert "Blocking form of" in (twin.__doc__ or ""), name
+            resolved = getattr(SlurmRayCluster, twin.__name__)  # not shadowed by a subclass
+            assert resolved.__wrapped__ is getattr(SlurmRayCluster, name), name
+            twins.add(twin.__name__)
+    assert {"up", "down", "scale", "adapt"} <= twins
+    doc = SlurmRayCluster.__doc__ or ""
+    listed = re.findall(r"``(\w+)``", doc.split("The twins:", 1)[1])
+    assert sorted(listed) == sorted(twins)  # the class docstring lists each twin, once
