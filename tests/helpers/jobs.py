@@ -63,6 +63,19 @@ def jobs_named(name: str, user: str = USER) -> list[str]:
     return out.split()
 
 
+def jobs_with_comment(comment: str, user: str = USER) -> list[str]:
+    """Ids of ``user``'s jobs whose comment is ``comment`` (a cluster's tag, see naming.py),
+    queued, running or recently ended."""
+    out = subprocess.run(
+        [*runuser(user), "squeue", "-h", "-t", "all", "--me", "-o", "%i|%k"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    lines = (line.partition("|") for line in out.splitlines())
+    return [job_id for job_id, _, tag in lines if tag.strip() == comment]
+
+
 def job_fields(job_id: str) -> dict[str, str]:
     """``scontrol show job`` as a dict (Key=Value pairs)."""
     out = subprocess.run(
