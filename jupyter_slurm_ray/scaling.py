@@ -319,9 +319,9 @@ class WorkerJobs:
             try:
                 job_id = await self.slurm.submit(script)
             except SlurmRayError as exc:
+                jobs = "worker jobs" if group == DEFAULT_GROUP else f"worker jobs of group {group}"
                 raise SlurmError(
-                    f"submitted {len(submitted)} of {count} worker jobs; Slurm refused the "
-                    f"next: {exc}"
+                    f"submitted {len(submitted)} of {count} {jobs}; Slurm refused the next: {exc}"
                 ) from None
             self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time(), group=group)
             submitted.append(job_id)

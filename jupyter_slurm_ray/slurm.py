@@ -131,7 +131,11 @@ class SlurmClient:
         argv = ["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", script_path]
         try:
             result = await self.transport.run(argv, timeout=timeout)
-        except CommandError as exc:
+        except CommandError as error:
+            # named for sbatch, not for the sh that runs it (the words are sbatch's)
+            exc = CommandError(
+                ["sbatch", script_path], error.returncode, error.stdout, error.stderr
+            )
             if exc.returncode == 127:  # no sbatch on this machine: nothing was queued
                 missing = f"sbatch is not installed here: {_first_line(exc.stderr)}"
                 raise SlurmUnavailable(missing) from None

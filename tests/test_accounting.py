@@ -184,7 +184,7 @@ def cpu_seconds(text: str) -> float:
 
 def sacct_expectation(job_id: str) -> dict:
     """What sacct says the job used, from its own aggregate fields."""
-    fields = "JobID,State,CPUTimeRAW,TotalCPU,MaxRSS,MaxRSSNode,AllocTRES"
+    fields = "JobID,State,CPUTimeRAW,TotalCPU,MaxRSS,MaxRSSNode,AllocTRES,ElapsedRaw,Elapsed"
     out = subprocess.run(
         ["sacct", "-n", "-P", "--noconvert", "-j", job_id, "-o", fields],
         capture_output=True,
@@ -202,6 +202,8 @@ def sacct_expectation(job_id: str) -> dict:
         "efficiency": cpu_seconds(alloc[3]) / int(alloc[2]) if int(alloc[2]) else None,
         "max_rss": (peak[5], int(peak[4])) if peak else None,
         "gpus": "gres/gpu" in alloc[6],
+        "elapsed": int(alloc[7]),  # seconds
+        "elapsed_clock": cpu_seconds(alloc[8]),  # [D-]HH:MM:SS, the same time as sacct shows it
     }
 
 
@@ -232,6 +234,10 @@ def test_the_usage_of_a_known_workload_matches_sacct(connected, run, capfd):
     assert usage.available and usage.final and usage.job_ids == (job_id,)
     assert usage.cpu_hours == pytest.approx(expected["cpu_hours"], abs=1e-9)
     assert usage.gpu_hours == 0 and not expected["gpus"]
+    # elapsed to the second, as sacct reports it (ElapsedRaw, and Elapsed as it prints it)
+    assert usage.elapsed == expected["elapsed"] == expected["elapsed_clock"]
+    assert usage.to_dict()["elapsed"] == expected["elapsed"]  # what the REST API shows
+    assert usage.elapsed >= 20  # the 20 s burnt are inside the allocation
     assert usage.cpu_used == pytest.approx(expected["total_cpu"], abs=0.01)
     assert usage.cpu_used >= 15  # the burnt CPU (and Ray's own) is in it
     assert usage.cpu_efficiency == pytest.approx(expected["efficiency"], rel=1e-6)

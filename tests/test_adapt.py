@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import textwrap
@@ -26,8 +27,8 @@ from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.watch import watcher_for
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
-from .helpers.jobs import in_queue, queue_state
-from .helpers.testbed import runuser
+from .helpers.jobs import accounted_jobs, in_queue, queue_state
+from .helpers.testbed import USER, runuser
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -182,6 +183,22 @@ def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
     assert sorted(cluster.workers.jobs) == sorted(submitted)  # no other sbatch (first test)
     for job_id in submitted:
         wait_for(lambda job_id=job_id: not in_queue(job_id), 30, f"worker job {job_id} to end")
+    # Slurm's own count, independent of the cluster's events: the worker jobs its accounting
+    # knows for this cluster (by name, in its job dir), each ended: cancelled by alice, or
+    # completed (a drained worker leaves by itself)
+    ended = (f"CANCELLED by {pwd.getpwnam(USER).pw_uid}", "COMPLETED")
+    accounted = wait_for(
+        lambda: (
+            (jobs := accounted_jobs(f"{cluster.spec.name}-worker", cluster.job_dir, started))
+            and not {"PENDING", "RUNNING", "COMPLETING"} & set(jobs.values())
+            and jobs
+        ),
+        30,
+        "sacct to record the end of every worker job",
+    )
+    assert all(state in ended for state in accounted.values()), accounted
+    assert sorted(accounted) == sorted(submitted), accounted  # no other sbatch, no loop
+    assert len(accounted) <= 3 - 1  # maximum=3 Ray nodes: the head's and 2 worker jobs
     causes = [e["cause"] for e in cluster.events if e.get("event") == "scaled"]
     assert any("pending tasks/actors need" in cause for cause in causes)
     assert any("idle" in cause for cause in causes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,10 +27,13 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.connect import local_versions
+from jupyter_slurm_ray.doctor import _TITLES
 
+from .helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
+from .helpers.ipyshell import MagicShell
 from .helpers.jobs import in_queue
 from .helpers.paths import VENV_PYTHON, child_environment
-from .helpers.site import cancel_recorded_jobs
+from .helpers.site import cancel_recorded_jobs, configured_site
 from .helpers.testbed import USER, runuser
 from .test_containers import IMAGE, needs_image
 
@@ -101,6 +105,37 @@ def test_the_healthy_testbed_passes_every_check(site_env):
     python = next(c for c in report["checks"] if c["name"] == "python")
     assert str(VENV_PYTHON) in python["detail"]  # this kernel's Python, python not set
     print(f"\ndoctor: {report['checks'][4]['detail']}; import ray {job['import_ray_seconds']} s")
+
+
+@pytest.fixture
+def site(tmp_path: Path, testbed) -> Iterator[dict[str, str]]:
+    """The testbed as a configured site (the magics' profile ``testbed``), for ``magic``."""
+    with configured_site(tmp_path) as environment:
+        yield environment
+
+
+def printed_checklist(out: str) -> tuple[str, dict[str, str]]:
+    """The checklist the magic printed: its headline, and each check's symbol by name."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("doctor ("))
+    symbols = {}
+    for line in lines[start + 1 :]:
+        symbol, _, rest = line.partition(" ")
+        symbols.update({name: symbol for name, title in _TITLES.items() if rest.startswith(title)})
+    return lines[start], symbols
+
+
+def test_the_magic_prints_the_checklist_with_every_check_passing(magic: MagicShell):
+    out, err, error = magic.run("%slurm_ray doctor -t 10")
+    assert error is None, err
+    headline, symbols = printed_checklist(out)
+    assert headline.endswith(": all checks passed"), out
+    assert "✗" not in out
+    assert symbols["ssh"] == "–"  # Slurm runs here: SSH not used
+    assert all(symbols[name] == "✓" for name in CHECKS if name != "ssh"), out
+    job = re.search(r"test job (\d+) on (node\d+)", headline)
+    assert job is not None, headline  # it really ran on a node, and was cancelled
+    assert not in_queue(job[1]) or _cancelled(job[1]), f"test job {job[1]} left running"
 
 
 def test_a_python_without_ray_is_the_one_failure(site_env, shared_dir):

@@ -66,6 +66,12 @@ def test_a_pack_from_the_laptop_is_built_once_unpacked_on_each_node_and_reused(t
             assert executable.startswith(unpacked)
         assert not in_queue(run["job_id"])
         wait_until_nothing_left(run["job_id"], run["job_dir"])
+    # built once and sent once: the second up neither packed nor sent the archive again (both
+    # copies, the laptop's and the cluster side's, are the same files, unchanged), and said so
+    assert second["archives"] == first["archives"], (first["archives"], second["archives"])
+    said = [line.split("] ", 1)[1].split()[0] for line in steps]
+    assert (said.count("packing"), said.count("packed"), said.count("sent")) == (1, 1, 1), steps
+    assert said.count("reusing") == 1 and said.index("reusing") > said.index("sent"), steps
     assert [e["reused"] for e in first["env_pack_events"]].count(False) == 1  # one unpack
     assert all(e["reused"] for e in second["env_pack_events"])
     assert len(second["env_pack_events"]) >= 2  # head and worker (and the worker job)

@@ -10,13 +10,14 @@ import subprocess
 import pytest
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.formatting import scaling_text
+from jupyter_slurm_ray.naming import worker_job_comment
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.clusters import cluster_spec, ray_in_subprocess, ray_result, wait_until_nothing_left
-from .helpers.jobs import in_queue
+from .helpers.jobs import in_queue, jobs_with_comment
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
@@ -46,6 +47,8 @@ def cluster(tmp_path_factory):
             # rotated: ends 8 min before the head; one CPU, so that the replacement may start
             # beside the old one whatever holds the other nodes
             "brief": {"partition": "short", "time": "2", "cpus_per_node": 1},
+            # a partition the testbed does not have: Slurm refuses its jobs at sbatch
+            "nowhere": {"partition": "nosuch"},
         },
         worker_rotation=75,
     )
@@ -109,6 +112,25 @@ def test_a_group_the_cluster_does_not_have_is_one_line_and_changes_nothing(clust
         cluster.scale(-1, group="gpu")
     assert error.value.field == "nodes"
     assert cluster.workers.jobs == before
+
+
+def test_a_group_slurm_refuses_is_one_line_naming_it_and_changes_nothing(cluster):
+    """The `nowhere` group's partition does not exist: sbatch refuses its worker job."""
+    cluster.refresh()
+    before = (cluster.status.nodes_wanted, dict(cluster.workers.jobs))
+    in_slurm = jobs_with_comment(worker_job_comment(cluster.id))
+    scaled = [e for e in cluster.events if e.get("event") == "scaled"]
+    with pytest.raises(SlurmError) as error:
+        cluster.scale(1, group="nowhere")
+    message = str(error.value)
+    assert "\n" not in message, message
+    assert "nowhere" in message, message  # the group
+    assert "invalid partition" in message.lower() and "nosuch" in message, message  # Slurm's
+    cluster.refresh()
+    assert (cluster.status.nodes_wanted, dict(cluster.workers.jobs)) == before
+    assert not cluster.workers.active("nowhere")
+    assert jobs_with_comment(worker_job_comment(cluster.id)) == in_slurm  # no new job in Slurm
+    assert [e for e in cluster.events if e.get("event") == "scaled"] == scaled
 
 
 def test_down_leaves_nothing(cluster):

@@ -32,6 +32,8 @@ from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, SSHTransport
 
 from ..helpers.fakeslurm import FakeSlurm, FakeTransport
+from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
+from ..helpers.ipyshell import MagicShell
 
 
 def _global_interface() -> str | None:
@@ -257,6 +259,21 @@ def test_the_cli_prints_json_and_exits_1_when_a_check_fails(
     data = json.loads(capsys.readouterr().out)
     assert status == 1 and data["ok"] is False
     assert "request" in [c["name"] for c in data["checks"] if c["status"] == "fail"]
+
+
+@needs_an_interface
+def test_the_magic_prints_the_checklist_and_cancels_the_test_job(
+    magic: MagicShell, slurm, quick_python, monkeypatch
+):
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_NETWORK_INTERFACE", INTERFACE or "lo")
+    out, err, error = magic.run(f"%slurm_ray doctor -t 10 --python {quick_python}")
+    assert error is None, err
+    lines = out.splitlines()
+    assert lines[0].startswith("doctor (") and lines[0].endswith(": all checks passed"), out
+    titles = {line.partition(" ")[2].split("  ")[0]: line[0] for line in lines[1:]}
+    assert titles["Slurm answers"] == "✓" and titles["A test job runs"] == "✓", out
+    assert "✗" not in out
+    assert slurm.only_job().state == "CANCELLED"
 
 
 # -- the cluster's Python when `python` is not set (issue 10, item 1) ----------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.adapt import recent_decisions
-from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.formatting import scaling_text
 from jupyter_slurm_ray.jobscript import render_worker_job_script
 from jupyter_slurm_ray.magic_args import parse, spec_arguments
@@ -195,6 +195,24 @@ async def test_rotation_submits_a_replacement_of_the_group_then_drains_the_old(m
     assert [e["step"] for e in rotated()][:2] == ["submitted", "draining"]
     assert "ends in" in rotated()[0]["cause"]
     slurm.end(old, "COMPLETED")
+
+
+async def test_a_group_slurm_refuses_is_one_line_naming_it_and_changes_nothing(make_cluster, slurm):
+    cluster = make_cluster(worker_groups={"gpu": {"partition": "nosuch"}})
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.status.state.is_up, 5, "READY")
+    slurm.refuse_submit = "invalid partition specified: nosuch"
+    with pytest.raises(SlurmError) as error:
+        await cluster.scale_async(1, group="gpu")
+    assert str(error.value) == (
+        "submitted 0 of 1 worker jobs of group gpu; Slurm refused the next: "
+        "sbatch failed: invalid partition specified: nosuch"
+    )
+    assert cluster.workers.jobs == {} and cluster.status.nodes_wanted == 1
+    assert not [e for e in cluster.events if e.get("event") == "scaled"]
 
 
 async def test_worker_jobs_of_a_packed_cluster_run_the_bootstrap_as_the_head_does(tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jupyter_slurm_ray.errors import TransportError
 from jupyter_slurm_ray.formatting import format_duration
@@ -237,7 +237,8 @@ class FakeTransport(LocalTransport):
         lost = TransportError(f"{slurm_argv[0]} did not finish within {timeout:g} s")
         if self.hang_before == slurm_argv[0]:
             raise lost
-        result = self.slurm.answer(slurm_argv, input)
+        # the command line as run (e.g. sh -c ... sbatch SCRIPT), as a real transport reports
+        result = replace(self.slurm.answer(slurm_argv, input), argv=tuple(argv))
         if self.hang_after == slurm_argv[0]:
             raise lost
         return result.check() if check else result

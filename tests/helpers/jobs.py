@@ -12,6 +12,7 @@ Two views of a job's state, named for what they show:
 from __future__ import annotations
 
 import subprocess
+import time
 
 from jupyter_slurm_ray.slurm import SlurmClient
 from jupyter_slurm_ray.transport import Transport
@@ -61,6 +62,36 @@ def jobs_named(name: str, user: str = USER) -> list[str]:
         text=True,
     ).stdout
     return out.split()
+
+
+def jobs_with_comment(comment: str, user: str = USER) -> list[str]:
+    """Ids of ``user``'s jobs whose comment is ``comment`` (a cluster's tag, see naming.py),
+    queued, running or recently ended."""
+    out = subprocess.run(
+        [*runuser(user), "squeue", "-h", "-t", "all", "--me", "-o", "%i|%k"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    lines = (line.partition("|") for line in out.splitlines())
+    return [job_id for job_id, _, tag in lines if tag.strip() == comment]
+
+
+def accounted_jobs(name: str, workdir: str, since: float, user: str = USER) -> dict[str, str]:
+    """Slurm's accounting (sacct, the allocations) of ``user``'s jobs called ``name`` that run
+    in ``workdir`` and that Slurm had (pending, running or ending) at some time after
+    ``since`` (a time.time()): job id -> state, e.g. ``CANCELLED by 1001``. (The testbed's
+    accounting keeps no job comments: a cluster's jobs are told by their name and their
+    directory, the cluster's job dir.)"""
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-u", user, "-S", start, "-o", "JobID,JobName,State,WorkDir"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
+    return {i: state for i, n, state, d in rows if n == name and d.rstrip("/") == workdir}
 
 
 def job_fields(job_id: str) -> dict[str, str]:

@@ -71,7 +71,18 @@ def scale_out(cluster: SlurmRayCluster, seen: dict) -> None:
         time.sleep(0.5)
 
 
-def one_up(transport, state_dir: str, scale: bool = False) -> dict:
+def archive_copies(transport, env: packs.EnvironmentToPack, root: str) -> dict:
+    """Where the archive is, here (the laptop's cache) and on the cluster side: inode, mtime
+    (ns) and size of each, so that a second up can be shown not to pack or send it again."""
+    here = (packs._cache_dir() / env.archive_name).stat()
+    there = run_sync(transport.run(["stat", "-c", "%i %.9Y %s", packs.remote_archive(env, root)]))
+    return {
+        "laptop": [here.st_ino, here.st_mtime_ns, here.st_size],
+        "cluster_side": there.stdout.split(),
+    }
+
+
+def one_up(transport, state_dir: str, root: str, scale: bool = False) -> dict:
     spec = cluster_spec(nodes=2, python=None, setup=(), environment="pack")
     cluster = SlurmRayCluster(spec, transport, registry=Registry(state_dir), poll_interval=1)
     seen: dict = {}
@@ -79,6 +90,7 @@ def one_up(transport, state_dir: str, scale: bool = False) -> dict:
     try:
         cluster.up()
         seen["up_seconds"] = round(time.monotonic() - started, 1)
+        seen["archives"] = archive_copies(transport, packs.describe_environment(), root)
         seen["state"] = cluster.state.value
         seen["tasks"] = run_tasks()
         if scale:
@@ -106,8 +118,8 @@ def main() -> None:
     root = run_sync(transport.expand_path(cluster_spec().job_dir_root))
     forget_every_copy(transport, env, root)
     result = {"archive": packs.remote_archive(env, root), "kind": env.kind}
-    result["first"] = one_up(transport, sys.argv[1])
-    result["second"] = one_up(transport, sys.argv[1], scale=True)
+    result["first"] = one_up(transport, sys.argv[1], root)
+    result["second"] = one_up(transport, sys.argv[1], root, scale=True)
     size = run_sync(transport.run(["stat", "-c", "%s", result["archive"]])).stdout
     result["archive_bytes"] = int(size.strip())
     print(json.dumps(result), flush=True)
