@@ -27,7 +27,6 @@ from typing import Any
 from .errors import SlurmError, SlurmRayError, SpecError
 from .jobdir import EVENTS, JobDir, probe_site
 from .jobscript import render_worker_job_script
-from .naming import cluster_id_of_worker_comment
 from .packs import bootstrap_python
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
@@ -90,19 +89,6 @@ async def request_scale(
 
 def request_cause(event: Mapping[str, Any]) -> str:
     return f"asked by pid {event.get('pid')} on {event.get('host')}"
-
-
-async def tagged_worker_jobs(slurm: SlurmClient) -> dict[str, str]:
-    """This user's active worker jobs: job id -> the cluster id of their tag (one squeue).
-    (Its place is beside ``SlurmClient.tagged_jobs``; slurm.py was being changed meanwhile.)"""
-    out = await slurm._slurm(["squeue", "-h", "--me", "-o", "%i|%k"])
-    found = {}
-    for line in out.splitlines():
-        job_id, _, comment = line.partition("|")
-        cluster_id = cluster_id_of_worker_comment(comment)
-        if cluster_id is not None and job_id.strip().isdigit():
-            found[job_id.strip()] = cluster_id
-    return found
 
 
 def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
