@@ -6,8 +6,8 @@ the two moves a policy can make — :meth:`WorkerJobs.submit` (n more one-node j
 ones drained through Ray, and cancelled once they ended or the drain timed out). Manual
 scaling (``SlurmRayCluster.scale``) decides how many; an adaptive policy can call the same two.
 
-A worker job is one node of the head's shape (``jobscript.render_worker_job_script``), tagged
-``jupyter-slurm-ray-worker:<cluster id>``, running ``bootstrap workerjob`` (see its
+A worker job is one node of the head's shape (``jobscript.render_job_script(..., worker=True)``),
+tagged ``jupyter-slurm-ray-worker:<cluster id>``, running ``bootstrap workerjob`` (see its
 ``workerjob.py``): it joins the head with its own port block and leaves by itself when the
 head or the owner is gone. Its events go to the cluster's ``events.jsonl`` with ``worker_job``.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import SlurmError, SlurmRayError, SpecError
 from .jobdir import EVENTS, JobDir, probe_site
-from .jobscript import render_worker_job_script
+from .jobscript import render_job_script
 from .packs import bootstrap_python
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
@@ -327,12 +327,13 @@ class WorkerJobs:
             spec = spec.replace(time=str(minutes))
         command = directory.bootstrap_command(bootstrap_python(self.spec))  # as the head's
         command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
-        text = render_worker_job_script(
+        text = render_job_script(
             spec,
             cluster_id=self.cluster_id,
             job_dir=directory.path,
             command=command,
             exported=self._site_exported,
+            worker=True,
         )
         path = directory.file(worker_script_name(group))
         if text != self._script_text.get(group):
