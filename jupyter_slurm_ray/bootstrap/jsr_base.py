@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 from dataclasses import dataclass, field, fields
@@ -69,6 +70,14 @@ class Config:
         if config.port_strategy == "fixed" and config.fixed_port_base is None:
             raise BootstrapError("port_strategy fixed needs fixed_port_base")
         return config
+
+
+def command_path(name: str, missing: str) -> str:
+    """Where the ``name`` command is on PATH; BootstrapError(``missing``) when it is not."""
+    path = shutil.which(name)
+    if path is None:
+        raise BootstrapError(missing)
+    return path
 
 
 def short_hostname() -> str:
