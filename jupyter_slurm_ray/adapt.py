@@ -311,6 +311,26 @@ def _decision_line(event: dict[str, Any]) -> str | None:
     return None
 
 
+def _checked_or_default(
+    head_nodes: int,
+    minimum: int | None,
+    maximum: int | None,
+    idle_timeout: float | None,
+    max_pending: int | None,
+    group: str | None,
+) -> AdaptSettings:
+    """``checked_settings`` with each setting left out (None) at its default: the head's
+    nodes as the minimum, 60 s idle, 2 pending."""
+    return checked_settings(
+        head_nodes if minimum is None else minimum,
+        maximum,
+        60.0 if idle_timeout is None else idle_timeout,
+        2 if max_pending is None else max_pending,
+        group,
+        head_nodes,
+    )
+
+
 def _get_json(request: urllib.request.Request) -> Any:
     with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as answer:
         return json.load(answer)
@@ -342,13 +362,8 @@ class ClusterAdapting:
         if minimum is False:
             await self.stop_adapting_async()
             return None
-        settings = checked_settings(
-            cluster.spec.nodes if minimum is None else minimum,
-            maximum,
-            60.0 if idle_timeout is None else idle_timeout,
-            2 if max_pending is None else max_pending,
-            group,
-            cluster.spec.nodes,
+        settings = _checked_or_default(
+            cluster.spec.nodes, minimum, maximum, idle_timeout, max_pending, group
         )
         cluster._checked_scale(settings.maximum)  # it is up, owned here, not local
         if not cluster.owned_here:
@@ -373,9 +388,9 @@ class ClusterAdapting:
         minimum: int | None = None,
         maximum: int | None = None,
         *,
+        off: bool = False,
         idle_timeout: float | None = None,
         max_pending: int | None = None,
-        off: bool = False,
     ) -> AdaptSettings | None:
         """From a process that does not own the cluster (the CLI, another kernel, the server):
         ask its owner to adapt with these settings (checked here first, one line), or to stop;
@@ -390,13 +405,8 @@ class ClusterAdapting:
         if off:
             await append_event(cluster.transport, cluster._job_dir().path, ADAPT_REQUEST, off=True)
             return None
-        settings = checked_settings(
-            cluster.spec.nodes if minimum is None else minimum,
-            maximum,
-            60.0 if idle_timeout is None else idle_timeout,
-            2 if max_pending is None else max_pending,
-            None,
-            cluster.spec.nodes,
+        settings = _checked_or_default(
+            cluster.spec.nodes, minimum, maximum, idle_timeout, max_pending, None
         )
         await append_event(
             cluster.transport, cluster._job_dir().path, ADAPT_REQUEST, minimum=settings.minimum,

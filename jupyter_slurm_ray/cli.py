@@ -30,16 +30,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("list", help="every cluster in the registry, with Slurm's view of its job")
-    add_arguments("down", sub.add_parser("down", help="stop a cluster (or --all)"), NAME_HELP)
-    logs = sub.add_parser("logs", help="a cluster's job output, or one node's Ray log")
-    add_arguments("logs", logs, NAME_HELP)
-    extend = sub.add_parser(
+    _cluster_command(sub, "down", "stop a cluster (or --all)")
+    _cluster_command(sub, "logs", "a cluster's job output, or one node's Ray log")
+    _cluster_command(
+        sub,
         "extend",
-        help="add walltime to a cluster's job: extend NAME +30",
-        description="Runs scontrol update JobId=… TimeLimit=+N. Many sites allow only "
+        "add walltime to a cluster's job: extend NAME +30",
+        "Runs scontrol update JobId=… TimeLimit=+N. Many sites allow only "
         "operators to raise a time limit; Slurm's refusal is shown with what to do.",
     )
-    add_arguments("extend", extend, NAME_HELP)
     scale = sub.add_parser(
         "scale",
         help="scale a cluster to N Ray nodes in all: scale N NAME",
@@ -64,13 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--yes", action="store_true", help="cancel without asking")
     gc.add_argument("jobs", nargs="*", metavar="JOB", help="only these job ids or cluster ids")
-    forget = sub.add_parser(
+    _cluster_command(
+        sub,
         "forget",
-        help="delete the record of an ended cluster (or --ended: of every ended one)",
-        description="Ended clusters' records are also forgotten by themselves after "
+        "delete the record of an ended cluster (or --ended: of every ended one)",
+        "Ended clusters' records are also forgotten by themselves after "
         "SlurmRay.record_retention_days (7). The job dir, with its logs, is kept.",
     )
-    add_arguments("forget", forget, NAME_HELP)
     doctor = sub.add_parser(
         "doctor",
         help="check that clusters can work here (a checklist, each ✗ with its fix)",
@@ -82,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     add_doctor_arguments(doctor)
     doctor.add_argument("--json", action="store_true", help="the checklist as JSON")
     return parser
+
+
+def _cluster_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    command: str,
+    summary: str,
+    description: str | None = None,
+) -> None:
+    """A command on one cluster (NAME), with the arguments ``commands.add_arguments`` gives it."""
+    parser = sub.add_parser(command, help=summary, description=description)
+    add_arguments(command, parser, NAME_HELP)
 
 
 def main(argv: Sequence[str] | None = None, ask: Ask = input) -> int:

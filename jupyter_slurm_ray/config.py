@@ -44,6 +44,7 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "ENV_PREFIX",
+    "POSITIVE_SETTINGS",
     "PROFILES_FILENAME",
     "SPEC_SETTINGS",
     "Profile",
@@ -110,6 +111,18 @@ _ClusterSettings: Any = MetaHasTraits(
 )
 
 
+# The package's own numeric settings (timeouts, intervals, limits): each must be positive.
+POSITIVE_SETTINGS = (
+    "connect_timeout",
+    "poll_interval",
+    "steady_poll_interval",
+    "submit_timeout",
+    "record_retention_days",
+    "adapt_idle_timeout",
+    "adapt_max_pending",
+)
+
+
 class SlurmRay(_ClusterSettings):
     """Site and user defaults of jupyter_slurm_ray (``%config SlurmRay.time = "2:00:00"``).
 
@@ -162,15 +175,7 @@ class SlurmRay(_ClusterSettings):
         "['runuser', '-u', 'alice', '--'] (local Slurm only).",
     )
 
-    @validate(
-        "connect_timeout",
-        "poll_interval",
-        "steady_poll_interval",
-        "submit_timeout",
-        "record_retention_days",
-        "adapt_idle_timeout",
-        "adapt_max_pending",
-    )
+    @validate(*POSITIVE_SETTINGS)
     def _positive_seconds(self, proposal: Any) -> Any:
         value = proposal["value"]
         if value is not None and not value > 0:

@@ -114,6 +114,23 @@ def _check(name: str, status: str, detail: str, fix: str = "") -> Check:
     return Check(name, _TITLES[name], status, detail, fix)
 
 
+# What to do when a step that only has to answer does not.
+_FIXES = {
+    "ssh": (
+        "check login_host, login_user, login_port, ssh_key and known_hosts "
+        "(%slurm_ray config shows them); `ssh` to the same host should work without a password"
+    ),
+    "slurm": (
+        "run `sinfo` and `squeue --me` where Slurm runs (the login node): they must answer; "
+        "if Slurm is on another machine, set login_host to reach it over SSH"
+    ),
+}
+
+
+def _failed(name: str, exc: SlurmRayError) -> Check:
+    return _check(name, "fail", str(exc), _FIXES[name])
+
+
 async def _check_ssh(transport: Transport, add: Any) -> bool:
     if isinstance(transport, LocalTransport):
         add(_check("ssh", "skip", "not used: Slurm runs on this machine"))
@@ -121,11 +138,7 @@ async def _check_ssh(transport: Transport, add: Any) -> bool:
     try:
         home = await transport.home()
     except SlurmRayError as exc:
-        fix = (
-            "check login_host, login_user, login_port, ssh_key and known_hosts "
-            "(%slurm_ray config shows them); `ssh` to the same host should work without a password"
-        )
-        add(_check("ssh", "fail", str(exc), fix))
+        add(_failed("ssh", exc))
         return False
     add(_check("ssh", "ok", f"{transport.target}: logged in (home {home})"))
     return True
@@ -137,11 +150,7 @@ async def _check_slurm(transport: Transport, add: Any) -> list[Any] | None:
         partitions = await slurm.partitions()
         await slurm.tagged_jobs()  # squeue --me
     except SlurmRayError as exc:
-        fix = (
-            "run `sinfo` and `squeue --me` where Slurm runs (the login node): they must answer; "
-            "if Slurm is on another machine, set login_host to reach it over SSH"
-        )
-        add(_check("slurm", "fail", str(exc), fix))
+        add(_failed("slurm", exc))
         return None
     names = ", ".join(p.name + ("*" if p.is_default else "") for p in partitions) or "none"
     add(_check("slurm", "ok", f"sinfo and squeue answer; partitions: {names}"))

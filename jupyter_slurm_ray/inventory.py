@@ -23,7 +23,6 @@ from .localjobs import scheduler_for
 from .naming import job_comment
 from .queuecache import SharedQueue
 from .registry import ClusterRecord, Registry, Unreadable
-from .scaling import tagged_worker_jobs
 from .slurm import JobInfo, SlurmClient
 from .states import EventSummary, State, Status, derive_status, status_of_record
 from .targets import Transports
@@ -300,7 +299,7 @@ async def find_orphans(slurm: SlurmClient, registry: Registry) -> list[Orphan]:
         why = _why_orphan(job_id, by_id.get(cluster_id))
         if why:
             orphans.append(Orphan(job_id, cluster_id, why))
-    workers = await tagged_worker_jobs(slurm)
+    workers = await slurm.tagged_worker_jobs()
     for job_id, cluster_id in sorted(workers.items(), key=lambda item: int(item[0])):
         why = _why_worker_orphan(job_id, by_id.get(cluster_id))
         if why and cluster_id not in unreadable_ids:

@@ -19,7 +19,14 @@ from . import commands
 from .adaptcommand import adapt_command
 from .aio import run_sync
 from .cluster import SlurmRayCluster
-from .config import SPEC_SETTINGS, SlurmRay, effective_setting, load_profiles, profiles_path
+from .config import (
+    POSITIVE_SETTINGS,
+    SPEC_SETTINGS,
+    SlurmRay,
+    effective_setting,
+    load_profiles,
+    profiles_path,
+)
 from .config import resolve_spec as resolve_settings
 from .errors import SlurmRayError, SpecError
 from .live import Notices, StatusView, TextProgress, frontend_has_widgets
@@ -40,13 +47,7 @@ _TIME_REQUIRED = (
 _SESSION_SETTINGS = (
     "default_profile",
     "profiles_file",
-    "connect_timeout",
-    "poll_interval",
-    "steady_poll_interval",
-    "submit_timeout",
-    "record_retention_days",
-    "adapt_idle_timeout",
-    "adapt_max_pending",
+    *POSITIVE_SETTINGS,
     "login_host",
     "login_user",
     "login_port",

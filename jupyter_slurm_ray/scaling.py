@@ -6,8 +6,8 @@ the two moves a policy can make — :meth:`WorkerJobs.submit` (n more one-node j
 ones drained through Ray, and cancelled once they ended or the drain timed out). Manual
 scaling (``SlurmRayCluster.scale``) decides how many; an adaptive policy can call the same two.
 
-A worker job is one node of the head's shape (``jobscript.render_worker_job_script``), tagged
-``jupyter-slurm-ray-worker:<cluster id>``, running ``bootstrap workerjob`` (see its
+A worker job is one node of the head's shape (``jobscript.render_job_script(..., worker=True)``),
+tagged ``jupyter-slurm-ray-worker:<cluster id>``, running ``bootstrap workerjob`` (see its
 ``workerjob.py``): it joins the head with its own port block and leaves by itself when the
 head or the owner is gone. Its events go to the cluster's ``events.jsonl`` with ``worker_job``.
 """
@@ -26,8 +26,7 @@ from typing import Any
 
 from .errors import SlurmError, SlurmRayError, SpecError
 from .jobdir import EVENTS, JobDir, probe_site
-from .jobscript import render_worker_job_script
-from .naming import cluster_id_of_worker_comment
+from .jobscript import render_job_script
 from .packs import bootstrap_python
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
@@ -90,19 +89,6 @@ async def request_scale(
 
 def request_cause(event: Mapping[str, Any]) -> str:
     return f"asked by pid {event.get('pid')} on {event.get('host')}"
-
-
-async def tagged_worker_jobs(slurm: SlurmClient) -> dict[str, str]:
-    """This user's active worker jobs: job id -> the cluster id of their tag (one squeue).
-    (Its place is beside ``SlurmClient.tagged_jobs``; slurm.py was being changed meanwhile.)"""
-    out = await slurm._slurm(["squeue", "-h", "--me", "-o", "%i|%k"])
-    found = {}
-    for line in out.splitlines():
-        job_id, _, comment = line.partition("|")
-        cluster_id = cluster_id_of_worker_comment(comment)
-        if cluster_id is not None and job_id.strip().isdigit():
-            found[job_id.strip()] = cluster_id
-    return found
 
 
 def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
@@ -341,12 +327,13 @@ class WorkerJobs:
             spec = spec.replace(time=str(minutes))
         command = directory.bootstrap_command(bootstrap_python(self.spec))  # as the head's
         command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
-        text = render_worker_job_script(
+        text = render_job_script(
             spec,
             cluster_id=self.cluster_id,
             job_dir=directory.path,
             command=command,
             exported=self._site_exported,
+            worker=True,
         )
         path = directory.file(worker_script_name(group))
         if text != self._script_text.get(group):

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
-from .naming import cluster_id_of_comment
+from .naming import cluster_id_of_comment, cluster_id_of_worker_comment
 from .slurm_output import (
     ASSOCIATION_FIELDS,
     FINAL_STATES,
@@ -279,11 +279,20 @@ class SlurmClient:
 
     async def tagged_jobs(self) -> dict[str, str]:
         """This user's active jobs that carry a cluster tag: job id -> cluster id."""
+        return await self._jobs_tagged_by(cluster_id_of_comment)
+
+    async def tagged_worker_jobs(self) -> dict[str, str]:
+        """This user's active worker jobs: job id -> the cluster id of their tag."""
+        return await self._jobs_tagged_by(cluster_id_of_worker_comment)
+
+    async def _jobs_tagged_by(self, cluster_id_of: Callable[[str], str | None]) -> dict[str, str]:
+        """This user's active jobs whose comment ``cluster_id_of`` reads a cluster id from
+        (one squeue): job id -> cluster id."""
         out = await self._slurm(["squeue", "-h", "--me", "-o", "%i|%k"])
         found = {}
         for line in out.splitlines():
             job_id, _, comment = line.partition("|")
-            cluster_id = cluster_id_of_comment(comment)
+            cluster_id = cluster_id_of(comment)
             if cluster_id is not None and job_id.strip().isdigit():
                 found[job_id.strip()] = cluster_id
         return found

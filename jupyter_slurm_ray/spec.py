@@ -235,10 +235,7 @@ class ClusterSpec:
         300.0, seconds(10, 86400), "float", "Seconds Ray may take to start once the job runs."
     )
     walltime_warning: int = _setting(
-        120,
-        integer(60, 3600),
-        "int",
-        "Seconds before the walltime at which the cluster is warned.",
+        120, integer(60, 3600), "int", "Seconds before the walltime at which the cluster is warned."
     )
     worker_rotation: int = _setting(
         0,

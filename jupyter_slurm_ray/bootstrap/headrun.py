@@ -11,12 +11,11 @@ from pathlib import Path
 
 from container import container_versions
 from dashapi import Dashboard, port_open
-from jsr_base import BootstrapError, job_id, run_text, write_json_atomic
+from jsr_base import BootstrapError, PortConflict, job_id, run_text, write_json_atomic
 from jsr_events import EventTail, LeaseWatch, owner_gone
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
 from nodewatch import NodeWatch
-from portconflict import PortConflict
 from rayargs import ray_environment, ray_versions, require_command
 from workerstep import WorkerStep
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 from dataclasses import dataclass, field, fields
@@ -26,6 +27,24 @@ class BootstrapError(Exception):
 
 class RayExitedEarly(BootstrapError):
     """A worker's `ray start` gave up before joining (e.g. Ray's own 30 s raylet wait)."""
+
+
+class PortConflict(BootstrapError):
+    """A port of this node's block was taken by someone else after the probe."""
+
+    def __init__(self, ports: list[int], names: list[str], what: str, log: list[str]) -> None:
+        which = ", ".join(f"{port} ({name})" for port, name in zip(ports, names, strict=True))
+        super().__init__(f"port {which or '?'} was taken after the probe ({what})", log)
+        self.ports = ports
+        self.names = names
+
+
+class HeadMoved(Exception):
+    """The head started again on other ports (some of its first ones were taken)."""
+
+    def __init__(self, head: dict[str, Any]) -> None:
+        super().__init__(gcs_address(head))
+        self.head = head
 
 
 @dataclass
@@ -69,6 +88,19 @@ class Config:
         if config.port_strategy == "fixed" and config.fixed_port_base is None:
             raise BootstrapError("port_strategy fixed needs fixed_port_base")
         return config
+
+
+def gcs_address(head: dict[str, Any]) -> str:
+    """The GCS address (ip:port) a head.json names."""
+    return f"{head['head_ip']}:{head['gcs_port']}"
+
+
+def command_path(name: str, missing: str) -> str:
+    """Where the ``name`` command is on PATH; BootstrapError(``missing``) when it is not."""
+    path = shutil.which(name)
+    if path is None:
+        raise BootstrapError(missing)
+    return path
 
 
 def short_hostname() -> str:

@@ -10,9 +10,9 @@ import traceback
 from pathlib import Path
 
 from container import ray_command_prefix
-from jsr_base import BootstrapError, Config
+from jsr_base import BootstrapError, Config, PortConflict
 from jsr_events import EventLog
-from portconflict import ConflictScan, PortConflict
+from portconflict import ConflictScan
 from procgroups import RayProcess, stop_processes
 from rayargs import NodePlan, plan_node, ray_environment, require_command
 from trust import check_job_dir

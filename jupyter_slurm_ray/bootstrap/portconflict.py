@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from jsr_base import BootstrapError
+from jsr_base import PortConflict
 from portblock import PortBlock, port_name
 
 CONFLICT = re.compile(
@@ -34,16 +34,6 @@ COMPONENT_PORT = {
 }
 READ_LIMIT = 256 * 1024
 SAID = 110  # characters of the log line quoted in the reason
-
-
-class PortConflict(BootstrapError):
-    """A port of this node's block was taken by someone else after the probe."""
-
-    def __init__(self, ports: list[int], names: list[str], what: str, log: list[str]) -> None:
-        which = ", ".join(f"{port} ({name})" for port, name in zip(ports, names, strict=True))
-        super().__init__(f"port {which or '?'} was taken after the probe ({what})", log)
-        self.ports = ports
-        self.names = names
 
 
 class ConflictScan:

@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from jsr_base import NODE_RESOURCE, BootstrapError, Config, job_id, run_text, short_hostname
+from jsr_base import NODE_RESOURCE, Config, command_path, job_id, run_text, short_hostname
 from nodeaddr import node_address
 from portblock import PORT_NAMES, PortBlock, claim_port_block
 from portlock import Notify
@@ -23,12 +23,8 @@ MIB = 1024 * 1024
 
 
 def require_command(name: str, why: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise BootstrapError(
-            f"the `{name}` command is not on PATH ({os.environ.get('PATH', '')}); {why}"
-        )
-    return path
+    path = os.environ.get("PATH", "")
+    return command_path(name, f"the `{name}` command is not on PATH ({path}); {why}")
 
 
 def allocated_cpus(env: dict[str, str]) -> int:

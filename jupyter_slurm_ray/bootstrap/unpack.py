@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from jsr_base import BootstrapError, short_hostname
+from jsr_base import BootstrapError, command_path, short_hostname
 from trust import user_temp_dir
 
 PACK_VARIABLE = "JSR_ENV_PACK"
@@ -137,12 +137,8 @@ def _unpack(archive: Path, kind: str, target: Path) -> None:
 
 
 def _tool(name: str, archive: Path) -> str:
-    found = shutil.which(name)
-    if found is None:
-        raise BootstrapError(
-            f"cannot unpack {archive} on {short_hostname()}: {name} is not on PATH there"
-        )
-    return found
+    where = f"{archive} on {short_hostname()}"
+    return command_path(name, f"cannot unpack {where}: {name} is not on PATH there")
 
 
 def _run(argv: list[str], archive: Path | None = None) -> None:

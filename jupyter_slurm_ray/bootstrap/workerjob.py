@@ -17,12 +17,12 @@ import time
 from typing import Any
 
 from dashapi import Dashboard
-from jsr_base import job_id
+from jsr_base import gcs_address, job_id
 from jsr_events import LeaseWatch, owner_gone
 from noderun import TICK
 from procgroups import RayProcess
 from rayargs import ray_environment
-from workerrun import WorkerRun, gcs_address
+from workerrun import WorkerRun
 
 HEAD_GONE_AFTER = 15.0  # head.json missing this long: the head ended (s)
 CHECK_PERIOD = 1.0  # how often the lease, head.json and the drain request are looked at (s)

@@ -8,25 +8,12 @@ import time
 from typing import Any
 
 from dashapi import Dashboard, port_open
-from jsr_base import BootstrapError, RayExitedEarly
+from jsr_base import BootstrapError, HeadMoved, PortConflict, RayExitedEarly, gcs_address
 from noderun import API_PERIOD, TICK, NodeRun
-from portconflict import PortConflict
 from procgroups import RayProcess
 
 RETRY_MIN_TIME = 20.0  # a worker retries `ray start` once if this much start time is left
 HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
-
-
-class HeadMoved(Exception):
-    """The head started again on other ports (some of its first ones were taken)."""
-
-    def __init__(self, head: dict[str, Any]) -> None:
-        super().__init__(gcs_address(head))
-        self.head = head
-
-
-def gcs_address(head: dict[str, Any]) -> str:
-    return f"{head['head_ip']}:{head['gcs_port']}"
 
 
 class WorkerRun(NodeRun):

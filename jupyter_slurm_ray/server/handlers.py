@@ -163,31 +163,37 @@ class ExtendHandler(_ClustersHandler):
         self.finish(json.dumps(self._with_links(view)))
 
 
-class ScaleHandler(_ClustersHandler):
-    """``POST {"nodes": N}``: scale to N Ray nodes in all; 200 when this server owns the
-    cluster (done), 202 when its owner was asked (``"applied": false``)."""
+class _OwnerActionHandler(_ClustersHandler):
+    """A ``POST`` the cluster's owner applies: 200 when this server owns the cluster (done
+    here), 202 when its owner was asked (``"applied": false``)."""
+
+    async def _apply(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        raise NotImplementedError
 
     @web.authenticated
     async def post(self, cluster_id: str) -> None:
         body = self._json_body()
         with _as_http_errors():
-            view, applied = await self.manager.scale(cluster_id, body)
+            view, applied = await self._apply(cluster_id, body)
         self.set_status(200 if applied else 202)
         self.finish(json.dumps({**self._with_links(view), "applied": applied}))
 
 
-class AdaptHandler(_ClustersHandler):
+class ScaleHandler(_OwnerActionHandler):
+    """``POST {"nodes": N}``: scale to N Ray nodes in all; 200 when this server owns the
+    cluster (done), 202 when its owner was asked (``"applied": false``)."""
+
+    async def _apply(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        return await self.manager.scale(cluster_id, body)
+
+
+class AdaptHandler(_OwnerActionHandler):
     """``POST {"maximum": N, "minimum": N, "idle_timeout": S, "max_pending": N}`` or
     ``{"off": true}``: adaptive scaling; 200 when this server owns the cluster (started), 202
     when its owner was asked (``"applied": false``)."""
 
-    @web.authenticated
-    async def post(self, cluster_id: str) -> None:
-        body = self._json_body()
-        with _as_http_errors():
-            view, applied = await self.manager.adapt(cluster_id, body)
-        self.set_status(200 if applied else 202)
-        self.finish(json.dumps({**self._with_links(view), "applied": applied}))
+    async def _apply(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        return await self.manager.adapt(cluster_id, body)
 
 
 class DoctorHandler(_ClustersHandler):

@@ -12,7 +12,7 @@ import pytest
 from jupyter_slurm_ray.adapt import recent_decisions
 from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.formatting import scaling_text
-from jupyter_slurm_ray.jobscript import render_worker_job_script
+from jupyter_slurm_ray.jobscript import render_job_script
 from jupyter_slurm_ray.magic_args import parse, spec_arguments
 from jupyter_slurm_ray.rotation import due_for_rotation, replaced_and_joined
 from jupyter_slurm_ray.scaling import WorkerJob, WorkerJobs
@@ -54,8 +54,12 @@ def test_a_group_changes_the_worker_jobs_shape_and_keeps_the_rest() -> None:
 
 def test_the_worker_job_script_of_a_group_asks_for_its_partition_and_gpus() -> None:
     gpu = group_spec(cluster(gpu=GPU), "gpu")
-    script = render_worker_job_script(
-        gpu, cluster_id="ray-0123abcd", job_dir="/home/a/jobs/ray-0123abcd", command=["python"]
+    script = render_job_script(
+        gpu,
+        cluster_id="ray-0123abcd",
+        job_dir="/home/a/jobs/ray-0123abcd",
+        command=["python"],
+        worker=True,
     )
     assert "#SBATCH --partition=short" in script and "#SBATCH --gpus-per-node=1" in script
     assert "JSR_WORKER_GROUP=gpu" in script
