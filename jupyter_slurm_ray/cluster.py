@@ -376,7 +376,9 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
                 silent = self._follower.silent_since or time.time()
                 await self._on_answer(Answer(None, False, silent, str(exc)))
             else:
-                await self._on_answer(Answer(infos.get(job_id)))
+                answer = Answer(infos.get(job_id))
+                watcher_for(self.transport).remember(job_id, answer)
+                await self._on_answer(answer)
         return self._status
 
     refresh = blocking(refresh_async)

@@ -102,6 +102,12 @@ class JobWatcher:
             self._tick[job_id] = max(self.interval, tick or seconds)
             self._wakeup.set()
 
+    def remember(self, job_id: str, answer: Answer) -> None:
+        """A newer answer about ``job_id`` asked for directly (``refresh()``): the ticks
+        between two queries repeat it, not the watcher's own older one."""
+        if job_id in self._subscribers and answer.answered:
+            self._last[job_id] = answer
+
     def poll_soon(self) -> None:
         """Ask Slurm on the next tick, now (after a submit, a cancel, news in the events)."""
         self._force = True
