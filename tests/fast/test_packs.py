@@ -107,15 +107,11 @@ def _archive(path: Path, files: dict[str, str]) -> Path:
 
 @pytest.fixture
 def node_tmp(tmp_path, monkeypatch) -> Path:
-    """The bootstrap's /tmp/jsr-<uid> moved under tmp_path."""
-    real = unpack.Path
-
-    def moved(text: str) -> Path:
-        return real(str(tmp_path) + text) if text.startswith("/tmp/jsr-") else real(text)
-
-    monkeypatch.setattr(unpack, "Path", moved)
-    (tmp_path / "tmp").mkdir()
-    return tmp_path / "tmp" / f"jsr-{os.getuid()}"
+    """The bootstrap's /tmp/jsr-<uid> (``trust.user_temp_dir``) moved under tmp_path."""
+    moved = tmp_path / "tmp" / f"jsr-{os.getuid()}"
+    moved.mkdir(parents=True, mode=0o700)
+    monkeypatch.setattr(unpack, "user_temp_dir", lambda: moved)
+    return moved
 
 
 def test_unpacked_once_then_reused_and_put_first_on_path(tmp_path, node_tmp) -> None:
