@@ -41,11 +41,11 @@ from .lease import Lease
 from .localjobs import scheduler_for
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
-from .scaling import WorkerJobs
+from .scaling import WorkerJobs, append_event
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until
-from .states import State, Status, record_fields, status_of_record
+from .states import STOP_REQUESTED, State, Status, record_fields, status_of_record
 from .transport import LocalTransport, Transport
 from .usage import LIVE_SECONDS, Usage, fetch_usage
 from .walltime import Extension, extend_walltime
@@ -324,6 +324,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self._stop_rotating()
         self.lease.release()
         self._update_state()
+        await self._tell_stop_requested()
         await self.workers.cancel_all()
         try:
             await self.slurm.cancel(self._status.job_id)
@@ -345,6 +346,15 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         return self._status
 
     down = blocking(down_async)
+
+    async def _tell_stop_requested(self) -> None:
+        """A ``stop_requested`` event, so the owner (if another process) reports STOPPED."""
+        if not self.job_dir:
+            return
+        try:
+            await append_event(self.transport, self.job_dir, STOP_REQUESTED, within=10.0)
+        except SlurmRayError as exc:  # the cancel still goes ahead; the owner says CANCELLED
+            log.info("%s: stop_requested not written: %s", self.spec.name, exc)
 
     async def close_async(self) -> None:
         """Release this object's connections (the cluster itself is left as it is)."""

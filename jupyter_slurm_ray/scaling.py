@@ -69,12 +69,16 @@ def checked_node_count(nodes: object, minimum: int) -> int:
     return nodes
 
 
-async def append_event(transport: Transport, job_dir: str, event: str, **fields: Any) -> None:
-    """One event of this process (role client) appended to the cluster's ``events.jsonl``."""
+async def append_event(
+    transport: Transport, job_dir: str, event: str, *, within: float = 60.0, **fields: Any
+) -> None:
+    """One event of this process (role client) appended to the cluster's ``events.jsonl``
+    (TransportError when not done ``within`` seconds)."""
     record = {"t": time.time(), "event": event, "role": "client"}
     record.update(host=socket.gethostname(), pid=os.getpid(), **fields)
     line = json.dumps(record)
-    await transport.run(["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"])
+    argv = ["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"]
+    await transport.run(argv, timeout=within)
 
 
 async def request_scale(

@@ -181,6 +181,11 @@ def record_fields(status: Status) -> dict[str, Any]:
     }
 
 
+# Appended by whoever stops the cluster, before its scancel: the owner, seeing Slurm's
+# CANCELLED, then knows it was a stop on request (STOPPED), not an outside scancel.
+STOP_REQUESTED = "stop_requested"
+
+
 @dataclass
 class EventSummary:
     """What the bootstrap's events.jsonl says so far."""
@@ -195,6 +200,7 @@ class EventSummary:
     lease_stale: bool = False
     owner_gone: str | None = None  # the owner was gone when the job started: Ray never ran
     stopped: bool = False
+    stop_requested: str | None = None  # a client stopped it (who): its CANCELLED is STOPPED
     nodes_lost: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -228,6 +234,8 @@ class EventSummary:
                 self._add_lost(ev)
             elif kind == "stopped":
                 self.stopped = True
+            elif kind == STOP_REQUESTED and ev.get("role") == "client":
+                self.stop_requested = f"by pid {ev.get('pid')} on {ev.get('host')}"
 
     def _add_lost(self, event: dict[str, Any]) -> None:
         hosts = event.get("hosts") or [event.get("host")]
@@ -338,6 +346,8 @@ def _final_status(
         return replace(base, state=State.FAILED, reason=events.error, log_tail=events.error_log)
     if stopping and job.state in ("CANCELLED", "COMPLETED"):
         return replace(base, state=State.STOPPED, reason="stopped on request")
+    if events.stop_requested and job.state in ("CANCELLED", "COMPLETED"):
+        return replace(base, state=State.STOPPED, reason=f"stopped {events.stop_requested}")
     if job.state in _SLURM_FINAL:
         state = _SLURM_FINAL[job.state]
         return replace(base, state=state, reason=_final_reason(state, job, events, node_reasons))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.states import State
 
@@ -180,6 +182,20 @@ async def test_down_with_a_silent_controller_releases_the_lease(make_cluster, sl
     status = await cluster.down_async(timeout=1)
     assert not cluster.lease.kept
     assert "stops by itself" in (status.notice or "")
+
+
+async def test_a_stop_by_another_process_is_stopped_for_the_owner_too(
+    make_cluster, slurm, transport, registry
+):
+    owner = await ready(make_cluster, slurm)
+    other = SlurmRayCluster.from_record(registry.load(owner.id), transport, registry=registry)
+    stopped = await other.down_async(timeout=5)
+    assert stopped.state is State.STOPPED
+    await until(lambda: owner.state.is_final, 5, "the owner sees the end")
+    assert owner.state is State.STOPPED, owner.status.describe()
+    assert owner.status.reason == f"stopped by pid {os.getpid()} on {socket.gethostname()}"
+    assert registry.load(owner.id).state == "STOPPED"
+    await other.close_async()
 
 
 async def test_a_forgotten_record_is_not_written_again_by_its_owner(make_cluster, slurm):

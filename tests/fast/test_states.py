@@ -95,3 +95,17 @@ def test_a_job_slurm_forgot_without_accounting_is_stopped_not_running_forever():
     assert derive_status(START, None, ready).state is State.PENDING  # one miss: no change
     status = derive_status(START, None, ready, job_forgotten=True)
     assert status.state is State.STOPPED and "no longer knows" in (status.reason or "")
+
+
+def test_a_stop_another_process_asked_for_is_stopped_not_cancelled():
+    running = Status(State.CONNECTED, nodes_wanted=1, job_id="9")
+    asked = {"event": "stop_requested", "role": "client", "pid": 4242, "host": "login1"}
+    status = derive_status(running, job("CANCELLED"), events(asked))
+    assert (status.state, status.reason) == (State.STOPPED, "stopped by pid 4242 on login1")
+
+
+def test_a_cancel_nobody_here_asked_for_stays_cancelled():
+    running = Status(State.CONNECTED, nodes_wanted=1, job_id="9")
+    not_a_client = {"event": "stop_requested", "role": "head", "pid": 1, "host": "node1"}
+    for evs in (events(), events(not_a_client)):
+        assert derive_status(running, job("CANCELLED"), evs).state is State.CANCELLED
