@@ -2,9 +2,8 @@
 
 One run, one cluster (one node, one CPU) and one Jupyter server subprocess:
 
-- latency of ``api/cluster_status`` and of the dashboard index, through the proxy and direct
-  to the head (medians, and the proxy/direct ratio; "direct new conn" opens a connection per
-  request, as the proxy does towards the head);
+- latency of ``api/cluster_status`` and of the dashboard index, through the proxy's two routes
+  and direct to the head (medians of interleaved rounds, and the proxy/direct ratio);
 - requests per second through the proxy with 8 concurrent clients;
 - the Jupyter server process's memory (RSS, PSS) before and after 1,000 proxied requests.
 
@@ -103,78 +102,104 @@ def memory_mb(pid: int) -> tuple[float, float]:
     return info.rss / 2**20, info.pss / 2**20
 
 
-def main(repeats: int, requests_for_memory: int, seconds: float) -> None:
+def main(
+    repeats: int, requests_for_memory: int, seconds: float, rounds: int, settle: float
+) -> None:
     user = os.environ["JSR_USER"]
     with tempfile.TemporaryDirectory(prefix="jsr-bench-") as tmp:
         root = Path(tmp)
         cluster = start_cluster(root / "state", user, "bench")
         try:
             with jupyter_server(root, user) as server:
-                run(server, cluster, repeats, requests_for_memory, seconds)
+                run(server, cluster, repeats, requests_for_memory, seconds, rounds, settle)
         finally:
             cluster.down()
 
 
-def run(server, cluster, repeats: int, requests_for_memory: int, seconds: float) -> None:
-    figures: dict[str, object] = {"repeats": repeats}
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def run(
+    server,
+    cluster,
+    repeats: int,
+    requests_for_memory: int,
+    seconds: float,
+    rounds: int,
+    settle: float,
+) -> None:
+    """Every figure measured ``rounds`` times, the routes interleaved in each round (the
+    machine's speed drifts by tens of percent within a minute here): medians of the rounds."""
+    figures: dict[str, object] = {"repeats": repeats, "rounds": rounds}
+    time.sleep(settle)  # a new head's agents use a core for its first minute or so
     head = head_of(cluster)
     proxied = f"{server.url}slurm-ray/dashboard/{cluster.id}/"
-    jupyter, ray_auth = server.headers(), head.headers()
+    jupyter = server.headers()
     sandboxed = sandboxed_url(server, cluster.id)
     proxy_session, direct_session = requests.Session(), requests.Session()
     print(f"cluster {cluster.id} (job {cluster.job_id}), head {head.url}, proxy {proxied}")
+    routes = {
+        "direct": (direct_session, head.url, head.headers()),
+        "page": (proxy_session, sandboxed, {}),
+        "token": (proxy_session, proxied, jupyter),
+    }
+    print(f"{'':20}{'direct ms':>10}{'page ms':>10}{'ratio':>7}{'token ms':>10}{'ratio':>7}")
     print(
-        f"{'':20}{'direct ms':>10}{'direct new conn':>16}{'page ms':>10}{'ratio':>7}"
-        f"{'token ms':>10}{'ratio':>7}"
-    )
-    print(
-        f"   (medians of {repeats}; ratio = proxy / direct; page: the sandboxed capability URL "
-        "the dashboard tab uses; token: the script's route with Jupyter's token)"
+        f"   (medians of {rounds} rounds of {repeats} requests each, the routes interleaved; "
+        "ratio = proxy / direct; page: the sandboxed capability URL the dashboard tab uses; "
+        "token: the script's route with Jupyter's token)"
     )
     for path in ("api/cluster_status", ""):
-        direct = median_ms(
-            lambda p=path: direct_session.get(head.url + p, headers=head.headers()), repeats
-        )
-        fresh = median_ms(lambda p=path: requests.get(head.url + p, headers=ray_auth), repeats)
-        page = median_ms(lambda p=path: proxy_session.get(sandboxed + p), repeats)
-        through = median_ms(lambda p=path: proxy_session.get(proxied + p, headers=jupyter), repeats)
+        samples: dict[str, list[float]] = {name: [] for name in routes}
+        for _ in range(rounds):
+            for name, (session, root, headers) in routes.items():
+                fetch = lambda s=session, u=root + path, h=headers: s.get(u, headers=h)  # noqa: E731
+                samples[name].append(median_ms(fetch, repeats))
+        direct, page, through = (statistics.median(samples[n]) for n in routes)
         label = path or "index.html"
         print(
-            f"{label:20}{direct:10.2f}{fresh:16.2f}{page:10.2f}{page / direct:7.2f}"
+            f"{label:20}{direct:10.2f}{page:10.2f}{page / direct:7.2f}"
             f"{through:10.2f}{through / direct:7.2f}"
         )
-        figures[label] = {
-            "direct_ms": direct,
-            "direct_new_conn_ms": fresh,
-            "page_ms": page,
-            "proxy_ms": through,
-        }
+        figures[label] = {"direct_ms": direct, "page_ms": page, "proxy_ms": through}
     # what any request through Jupyter costs: an authenticated no-op of Jupyter's own API
     status_url = server.url + "api/status"
     floor = median_ms(lambda: proxy_session.get(status_url, headers=jupyter), repeats)
-    print(f"{'jupyter api/status':20}{'':26}{floor:10.2f}   (Jupyter's own cost, no proxying)")
+    print(f"{'jupyter api/status':20}{'':10}{floor:10.2f}   (Jupyter's own cost, no proxying)")
     figures["jupyter api/status ms"] = floor
-    direct_rate = throughput(head.url + "api/cluster_status", head.headers(), 8, seconds)
-    page_rate = throughput(sandboxed + "api/cluster_status", {}, 8, seconds)
-    rate = throughput(proxied + "api/cluster_status", jupyter, 8, seconds)
+    rates: dict[str, list[float]] = {name: [] for name in routes}
+    proxy_cpu: list[float] = []
+    for _ in range(rounds):
+        for name, (_, root, headers) in routes.items():
+            before = cpu_seconds(server.proc.pid)
+            rate = throughput(root + "api/cluster_status", headers, 8, seconds)
+            rates[name].append(rate)
+            if name == "page":
+                proxy_cpu.append((cpu_seconds(server.proc.pid) - before) / (rate * seconds))
+    direct_rate, page_rate, rate = (statistics.median(rates[n]) for n in routes)
     print(
         f"8 clients ({'wrk' if shutil.which('wrk') else 'Python threads'}), {seconds:g} s, "
         f"api/cluster_status: {direct_rate:.0f} req/s direct, "
         f"{page_rate:.0f} through the page's route ({page_rate / direct_rate:.2f}), "
-        f"{rate:.0f} through the token route ({rate / direct_rate:.2f})"
+        f"{rate:.0f} through the token route ({rate / direct_rate:.2f}); the Jupyter server's "
+        f"CPU per request on the page's route {statistics.median(proxy_cpu) * 1000:.2f} ms"
     )
     figures["8 clients req/s"] = {"proxy": rate, "page": page_rate, "direct": direct_rate}
+    figures["page route server CPU ms per request"] = statistics.median(proxy_cpu) * 1000
     figures["load generator"] = "wrk -t1" if shutil.which("wrk") else "Python threads"
-    before = memory_mb(server.proc.pid)
+    before_mb = memory_mb(server.proc.pid)
     for i in range(requests_for_memory):
         path = "api/cluster_status" if i % 2 else ""
         proxy_session.get(proxied + path, headers=jupyter).raise_for_status()
-    after = memory_mb(server.proc.pid)
+    after_mb = memory_mb(server.proc.pid)
     print(
         f"server memory before/after {requests_for_memory} proxied requests: "
-        f"RSS {before[0]:.1f} -> {after[0]:.1f} MB, PSS {before[1]:.1f} -> {after[1]:.1f} MB"
+        f"RSS {before_mb[0]:.1f} -> {after_mb[0]:.1f} MB, "
+        f"PSS {before_mb[1]:.1f} -> {after_mb[1]:.1f} MB"
     )
-    figures["server RSS MB"] = {"before": before[0], "after": after[0]}
+    figures["server RSS MB"] = {"before": before_mb[0], "after": after_mb[0]}
     write_result("proxy", figures)
 
 
@@ -183,5 +208,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=45.0, help="seconds before measuring")
     args = parser.parse_args()
-    main(args.repeats, args.requests, args.seconds)
+    main(args.repeats, args.requests, args.seconds, args.rounds, args.settle)

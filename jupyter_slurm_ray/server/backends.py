@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,10 @@ from ..transport import Forward, Transport
 from .keepalive import KeepAliveClient
 
 log = logging.getLogger(__name__)
+
+# How long a record found not ended (by Slurm's shared snapshot too) is believed while its
+# file is unchanged: the reconciliation is then not redone on every proxied request.
+LIVE_VERDICT_SECONDS = 1.0
 
 TransportLookup = Callable[[ClusterRecord], Transport]
 StatusLookup = Callable[[ClusterRecord], Awaitable[Status]]
@@ -68,11 +73,15 @@ class DashboardBackends:
         self._cache: dict[str, _Cached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, tuple[tuple[int, int, int], ClusterRecord]] = {}
+        self._live_until: dict[str, tuple[ClusterRecord, float]] = {}  # not ended, until then
         self.client = KeepAliveClient()  # the proxy's connections to the heads
 
     async def resolve(self, cluster_id: str) -> DashboardBackend:
         record = self._record(cluster_id)
-        await self._refuse_ended(record)
+        verdict = self._live_until.get(cluster_id)
+        if verdict is None or verdict[0] is not record or time.monotonic() >= verdict[1]:
+            await self._refuse_ended(record)  # the record unchanged: asked again after a while
+            self._live_until[cluster_id] = (record, time.monotonic() + LIVE_VERDICT_SECONDS)
         lock = self._locks.setdefault(cluster_id, asyncio.Lock())
         async with lock:
             cached = self._cache.get(cluster_id)
@@ -104,6 +113,7 @@ class DashboardBackends:
             )
 
     def forget(self, cluster_id: str) -> None:
+        self._live_until.pop(cluster_id, None)
         cached = self._cache.pop(cluster_id, None)
         if cached is not None:
             cached.forward.close()

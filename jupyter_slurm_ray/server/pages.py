@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
-from tornado import httpclient, httputil, web
+from tornado import httputil, web
 from tornado.routing import PathMatches, Rule
 
 from ..errors import DashboardUnavailable, NotFound
@@ -35,6 +35,7 @@ from .capabilities import (
     SandboxedDashboardHandler,
     preflight_answered,
 )
+from .keepalive import HeadGone, Reply
 from .proxy import (
     _DROPPED_REQUEST_HEADERS,
     _HOP_BY_HOP_REQUEST,
@@ -42,7 +43,7 @@ from .proxy import (
     SANDBOX_POLICY,
     DashboardError,
     backend_failed,
-    backend_uri,
+    backend_target,
     error_page,
     unavailable,
     with_storage_shim,
@@ -50,7 +51,12 @@ from .proxy import (
 
 log = logging.getLogger(__name__)
 
-_NOT_RELAYED = frozenset({"content-length", "transfer-encoding", "connection", "set-cookie"})
+_NOT_RELAYED = frozenset(
+    {"content-length", "transfer-encoding", "connection", "keep-alive", "set-cookie", "date"}
+)
+_NOT_FORWARDED = frozenset(
+    name.lower() for name in (*_DROPPED_REQUEST_HEADERS, *_HOP_BY_HOP_REQUEST)
+)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
@@ -136,41 +142,53 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
     async def _forward(self) -> None:
         backend = self.backend
         assert backend is not None
-        request = httpclient.HTTPRequest(
-            backend_uri(backend, self.path_args[2], self.request.query),
-            method=self.request.method or "GET",
-            headers=self._request_headers(backend),
-            body=self.request.body or (b"" if self.request.method in ("POST", "PUT") else None),
-            allow_nonstandard_methods=True,
-        )
+        method = self.request.method or "GET"
+        body = self.request.body or (b"" if method in ("POST", "PUT") else None)
         self._record_activity()
         try:
-            response = await self.backends.client.fetch(request)
-        except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
+            reply = await self.backends.client.send(
+                backend.host,
+                backend.port,
+                method,
+                backend_target(self.path_args[2], self.request.query),
+                self._request_headers(backend),
+                body,
+            )
+        except HeadGone as exc:  # refused, reset, timed out
             raise backend_failed(self.backends, backend.cluster_id, exc) from None
-        self._relay(response)
+        self._relay(reply)
 
-    def _request_headers(self, backend: DashboardBackend) -> httputil.HTTPHeaders:
-        headers = self.request.headers.copy()
-        for name in (*_DROPPED_REQUEST_HEADERS, *_HOP_BY_HOP_REQUEST):
-            headers.pop(name, None)
-        headers["Host"] = f"{backend.host}:{backend.port}"
-        headers["X-Ray-Authorization"] = f"Bearer {backend.token}"
+    def _request_headers(self, backend: DashboardBackend) -> list[tuple[str, str]]:
+        headers = [
+            (name, value)
+            for name, value in self.request.headers.get_all()
+            if name.lower() not in _NOT_FORWARDED
+        ]
+        headers.append(("X-Ray-Authorization", f"Bearer {backend.token}"))
         return headers
 
-    def _relay(self, response: httpclient.HTTPResponse) -> None:
-        self.set_status(response.code, response.reason)
-        for name, value in response.headers.get_all():
+    def _relay(self, reply: Reply) -> None:
+        self.set_status(reply.status, reply.reason or None)
+        content_type = ""
+        for name, value in reply.headers:
             lower = name.lower()
             if lower in _NOT_RELAYED:
                 continue
-            if lower == "location" and response.code in _REDIRECTS:
+            if lower == "location" and reply.status in _REDIRECTS:
                 value = self._under_route(value)
+            elif lower == "content-type":
+                content_type = value
             self.add_header(name, value)
-        self._set_route_headers(response.headers.get("Content-Type", ""))
-        body = with_storage_shim(response.headers, response.body or b"")
+        self._set_route_headers(content_type)
+        body = reply.body
+        if content_type.startswith("text/html"):
+            body = with_storage_shim(self._headers, body)
         if body:
             self.write(body)
+
+    def compute_etag(self) -> None:
+        """The head's own ETag (and its answer to If-None-Match) is relayed; none added."""
+        return None
 
     def _under_route(self, location: str) -> str:
         """A redirect of the head to one of its own paths, kept under this route."""

@@ -170,8 +170,9 @@ def client_uri(origin: str, proxied_path: str, query: str) -> str:
     return f"{origin}{path}?{urlencode(kept)}" if kept else f"{origin}{path}"
 
 
-def backend_uri(backend: DashboardBackend, proxied_path: str, query: str) -> str:
-    return client_uri(f"http://{backend.host}:{backend.port}", proxied_path, query)
+def backend_target(proxied_path: str, query: str) -> str:
+    """The request target (path and query) of a proxied path at the head."""
+    return client_uri("", proxied_path, query)
 
 
 def unavailable(
