@@ -1,127 +1,45 @@
 """Why a cluster is still in the queue, in plain words: Slurm's pending reason explained, what to
 do about it, Slurm's estimated start and a hint of what it waits for.
 
-Pure: a table of the common reasons (``Priority``, ``Resources``, ``QOSMaxNodePerJobLimit``, …),
+Pure: a table of the common reasons (``Priority``, ``Resources``, ``QOSMaxNodePerJobLimit``, …,
+in ``queue_reasons.toml``),
 patterns for the families of QOS and association limits, and the request's own figures for the
 hint ("waiting for 2 nodes in partition gpu"). Nothing here asks Slurm.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from .states import State, Status
 
-__all__ = ["QueueInsight", "explain_reason", "queue_insight"]
+__all__ = ["QueueInsight", "explain_reason", "queue_insight", "reasons"]
 
 _FEWER = "ask for fewer nodes (-N), CPUs (-c) or GPUs (-G), or another QOS (-q)"
 _WAIT_OWN = "wait for your other jobs (or your group's) to finish, or stop some of them"
 
-# Slurm's reason → (what it means, what to do, the job can never start as it is).
-REASONS: dict[str, tuple[str, str, bool]] = {
-    "Priority": (
-        "jobs of higher priority are ahead of it",
-        "wait; a smaller or shorter request may start sooner (backfill)",
-        False,
-    ),
-    "Resources": (
-        "the nodes it needs are busy",
-        "wait (see the estimated start), or ask for fewer or smaller nodes or a shorter walltime",
-        False,
-    ),
-    "QOSMaxNodePerJobLimit": (
-        "it asks for more nodes than its QOS allows per job",
-        "ask for fewer nodes (-N) or use another QOS (-q)",
-        True,
-    ),
-    "QOSMaxCpuPerJobLimit": ("it asks for more CPUs than its QOS allows per job", _FEWER, True),
-    "QOSMaxGRESPerJob": ("it asks for more GPUs than its QOS allows per job", _FEWER, True),
-    "QOSMaxWallDurationPerJobLimit": (
-        "its walltime is above its QOS's MaxWall",
-        "ask for a shorter walltime (-t) or use another QOS (-q)",
-        True,
-    ),
-    "QOSMaxJobsPerUserLimit": (
-        "you already run as many jobs as its QOS allows per user",
-        _WAIT_OWN,
-        False,
-    ),
-    "QOSNotAllowed": (
-        "its QOS may not be used with this account or partition",
-        "use another QOS (-q)",
-        True,
-    ),
-    "PartitionNodeLimit": (
-        "it asks for more nodes than the partition allows (MaxNodes) or has",
-        "ask for fewer nodes (-N) or use another partition (-p)",
-        True,
-    ),
-    "PartitionTimeLimit": (
-        "its walltime is above the partition's MaxTime",
-        "ask for a shorter walltime (-t) or use another partition (-p)",
-        True,
-    ),
-    "PartitionDown": ("its partition is down", "wait, or use another partition (-p)", False),
-    "PartitionInactive": ("its partition is inactive", "use another partition (-p)", False),
-    "AssocGrpCpuLimit": (
-        "your account's group CPU limit (GrpTRES=cpu) is in use by running jobs",
-        _WAIT_OWN + ", or use another account (-A)",
-        False,
-    ),
-    "AssocGrpNodeLimit": (
-        "your account's group node limit (GrpTRES=node) is in use by running jobs",
-        _WAIT_OWN + ", or use another account (-A)",
-        False,
-    ),
-    "AssocMaxJobsLimit": (
-        "you already run as many jobs as your association allows (MaxJobs)",
-        _WAIT_OWN,
-        False,
-    ),
-    "AssocMaxWallDurationPerJobLimit": (
-        "its walltime is above your association's MaxWall",
-        "ask for a shorter walltime (-t)",
-        True,
-    ),
-    "ReqNodeNotAvail": (
-        "nodes it needs are unavailable (down, drained or reserved)",
-        "wait for the site to bring them back, or use another partition (-p)",
-        False,
-    ),
-    "NodeDown": ("a node it needs is down", "wait for the site to bring it back", False),
-    "BeginTime": ("it was asked not to start before a given time (--begin)", "wait", False),
-    "JobHeldUser": (
-        "you (or a script of yours) held it",
-        "release it: scontrol release JOBID",
-        True,
-    ),
-    "JobHeldAdmin": ("an administrator held it", "ask your site's support", True),
-    "Dependency": ("it waits for another job it depends on (--dependency)", "wait", False),
-    "DependencyNeverSatisfied": (
-        "the job it depends on failed: its dependency can never be met",
-        "stop it (%slurm_ray down) and start it again without the dependency",
-        True,
-    ),
-    "Reservation": ("it waits for its reservation to start", "wait", False),
-    "BadConstraints": (
-        "no node has the features it asks for (--constraint)",
-        "check the constraint (-C)",
-        True,
-    ),
-    "InvalidAccount": ("its account is not valid", "use one of your accounts (-A)", True),
-    "InvalidQOS": ("its QOS is not valid", "use one of your QOSes (-q)", True),
-    "Licenses": ("it waits for licenses", "wait", False),
-    "Cleaning": ("a previous run of the job is still being cleaned up", "wait", False),
-    "Prolog": ("the site's prolog is running on its nodes", "wait", False),
-    "launch failed requeued held": (
-        "its launch failed and Slurm held it",
-        "stop it (%slurm_ray down) and ask your site's support if it happens again",
-        True,
-    ),
-}
+
+@functools.cache
+def reasons() -> dict[str, tuple[str, str, bool]]:
+    """Slurm's reason → (what it means, what to do, the job can never start as it is), from
+    ``queue_reasons.toml`` beside this module (data: read once, when first needed)."""
+    text = (Path(__file__).parent / "queue_reasons.toml").read_text(encoding="utf-8")
+    return {
+        code: (entry["meaning"], entry["action"], bool(entry["never_starts"]))
+        for code, entry in tomllib.loads(text).items()
+    }
+
 
 # Families: Slurm composes these names from the limit's owner, kind and resource.
 _FAMILIES: tuple[tuple[re.Pattern[str], str, str, bool], ...] = (
@@ -176,8 +94,8 @@ def explain_reason(reason: str) -> tuple[str, str | None, bool]:
     """(meaning, what to do, never starts) of one of Slurm's pending reasons."""
     code, _, detail = reason.partition(",")
     code = code.strip()
-    if code in REASONS:
-        meaning, action, never = REASONS[code]
+    if code in reasons():
+        meaning, action, never = reasons()[code]
         if code == "ReqNodeNotAvail" and "UnavailableNodes:" in detail:
             nodes = detail.split("UnavailableNodes:", 1)[1].strip()
             meaning = f"{meaning}: {nodes}" if nodes else meaning

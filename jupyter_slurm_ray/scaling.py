@@ -132,12 +132,14 @@ class WorkerJob:
     replaced_by: str | None = None  # its replacement's job id (rotation.py)
 
     @property
-    def ended(self) -> bool:
-        return self.state in WORKER_ENDED
+    def pending(self) -> bool:
+        """Still in Slurm's queue."""
+        return self.state == "PENDING"
 
     @property
-    def pending(self) -> bool:
-        return self.state == "PENDING"
+    def ended(self) -> bool:
+        """Slurm says it ended (any end), or no longer knows it."""
+        return self.state in WORKER_ENDED
 
     def view(self) -> WorkerJobStatus:
         return WorkerJobStatus(

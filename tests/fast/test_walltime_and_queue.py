@@ -17,7 +17,7 @@ from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.formatting import status_line
 from jupyter_slurm_ray.live import Notices
 from jupyter_slurm_ray.naming import job_comment
-from jupyter_slurm_ray.queueinfo import REASONS, explain_reason, queue_insight
+from jupyter_slurm_ray.queueinfo import explain_reason, queue_insight, reasons
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.reprs import cluster_line
 from jupyter_slurm_ray.spec import ClusterSpec
@@ -213,7 +213,7 @@ def test_slurms_reasons_in_plain_words(reason, meaning, never):
 def test_unavailable_nodes_are_named_and_an_unknown_reason_is_passed_on():
     assert explain_reason("ReqNodeNotAvail, UnavailableNodes:node[2-3]")[0].endswith("node[2-3]")
     assert explain_reason("SomethingNew") == ("Slurm's reason: SomethingNew", None, False)
-    assert all(action for _, action, _ in REASONS.values())
+    assert all(action for _, action, _ in reasons().values())
 
 
 def test_a_pending_status_line_explains_the_reason_and_what_it_waits_for():
