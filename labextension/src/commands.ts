@@ -83,6 +83,16 @@ interface IPicked {
   label: string;
 }
 
+/** Whether the user confirmed a destructive action (its button says `action`). */
+async function confirmed(title: string, body: string, action: string): Promise<boolean> {
+  const result = await showDialog({
+    title,
+    body,
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: action })]
+  });
+  return result.button.accept;
+}
+
 /**
  * A command that acts on one cluster: the one in its arguments (the sidebar's buttons), or
  * the one the user names (the palette); nothing happens when none is picked.
@@ -108,6 +118,32 @@ function clusterCommand(
   };
 }
 
+/** What a command that ends something (a cluster, a record) asks, does and says. */
+interface IDestructive {
+  label: string;
+  caption: string;
+  question: string;
+  warning: (cluster: string) => string;
+  button: string;
+  act: (picked: IPicked) => Promise<string>; // what to tell on success
+  failure: (error: unknown, cluster: string) => string; // the error dialog's title
+}
+
+/** A cluster command that asks for confirmation, acts, tells the outcome, and refreshes. */
+function destructiveCommand(app: JupyterFrontEnd, ctx: ICommandContext, what: IDestructive) {
+  return clusterCommand(app, ctx, what.label, what.caption, async picked => {
+    if (!(await confirmed(what.question, what.warning(picked.label), what.button))) {
+      return;
+    }
+    try {
+      Notification.success(await what.act(picked), { autoClose: 5000 });
+    } catch (error) {
+      await showErrorMessage(what.failure(error, picked.label), (error as Error).message);
+    }
+    await ctx.refresh();
+  });
+}
+
 export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
   const { commands } = app;
 
@@ -124,63 +160,36 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
 
   commands.addCommand(
     CommandIDs.stop,
-    clusterCommand(
-      app,
-      ctx,
-      'Slurm Ray: Stop Cluster…',
-      'Cancel the Slurm job of the cluster',
-      async picked => {
-        const label = picked.label;
-        const result = await showDialog({
-          title: 'Stop the cluster?',
-          body: `This cancels the Slurm job of ${label}. Work running on it is lost.`,
-          buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
-        });
-        if (!result.button.accept) {
-          return;
-        }
-        try {
-          const stopped = await stopCluster(picked.id);
-          Notification.success(`${label} is ${stopped.state}.`, { autoClose: 5000 });
-        } catch (error) {
-          await showErrorMessage('Could not stop the cluster', (error as Error).message);
-        }
-        await ctx.refresh();
-      }
-    )
+    destructiveCommand(app, ctx, {
+      label: 'Slurm Ray: Stop Cluster…',
+      caption: 'Cancel the Slurm job of the cluster',
+      question: 'Stop the cluster?',
+      warning: cluster => `This cancels the Slurm job of ${cluster}. Work running on it is lost.`,
+      button: 'Stop',
+      act: async picked => `${picked.label} is ${(await stopCluster(picked.id)).state}.`,
+      failure: () => 'Could not stop the cluster'
+    })
   );
 
   commands.addCommand(
     CommandIDs.forget,
-    clusterCommand(
-      app,
-      ctx,
-      'Slurm Ray: Forget Ended Cluster…',
-      'Delete the record of an ended cluster (or an unreadable record) from the registry',
-      async picked => {
-        const label = picked.label;
-        const result = await showDialog({
-          title: 'Forget the cluster?',
-          body: `This deletes the record of ${label}: it leaves this list, and %slurm_ray attach no longer finds it. Its job directory and logs stay where they are.`,
-          buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Forget' })]
-        });
-        if (!result.button.accept) {
-          return;
-        }
-        try {
-          await forgetCluster(picked.id);
-          ctx.remove(picked.id);
-          Notification.success(`Forgot ${label}.`, { autoClose: 5000 });
-        } catch (error) {
-          const title =
-            error instanceof ApiError && error.status === 409
-              ? `${label} is still active`
-              : 'Could not forget the cluster';
-          await showErrorMessage(title, (error as Error).message);
-        }
-        await ctx.refresh();
-      }
-    )
+    destructiveCommand(app, ctx, {
+      label: 'Slurm Ray: Forget Ended Cluster…',
+      caption: 'Delete the record of an ended cluster (or an unreadable record) from the registry',
+      question: 'Forget the cluster?',
+      warning: cluster =>
+        `This deletes the record of ${cluster}: it leaves this list, and %slurm_ray attach no longer finds it. Its job directory and logs stay where they are.`,
+      button: 'Forget',
+      act: async picked => {
+        await forgetCluster(picked.id);
+        ctx.remove(picked.id);
+        return `Forgot ${picked.label}.`;
+      },
+      failure: (error, cluster) =>
+        error instanceof ApiError && error.status === 409
+          ? `${cluster} is still active`
+          : 'Could not forget the cluster'
+    })
   );
 
   commands.addCommand(

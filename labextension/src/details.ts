@@ -3,13 +3,13 @@
  * estimated start, what to do), its walltime, and what it used (sacct), with Extend.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
+import { ToolbarButton } from '@jupyterlab/apputils';
 import { CommandRegistry } from '@lumino/commands';
-import { refreshIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { getCluster } from './api';
 import { detailRows, timeLeftNow } from './format';
+import { openTab, refreshableTab } from './tabs';
 
 class DetailsView extends Widget {
   constructor(readonly clusterId: string) {
@@ -53,18 +53,7 @@ export async function showDetails(
   commands: CommandRegistry
 ): Promise<void> {
   const view = new DetailsView(id);
-  const tab = new MainAreaWidget({ content: view });
-  tab.id = `slurm-ray-details-${id}-${Date.now()}`;
-  tab.title.label = `Cluster: ${name ?? id}`;
-  tab.title.closable = true;
-  tab.toolbar.addItem(
-    'refresh',
-    new ToolbarButton({
-      icon: refreshIcon,
-      tooltip: 'Ask the server again',
-      onClick: () => void view.refresh()
-    })
-  );
+  const tab = refreshableTab(view, 'details', id, `Cluster: ${name ?? id}`, 'Ask the server again');
   tab.toolbar.addItem(
     'extend',
     new ToolbarButton({
@@ -74,7 +63,5 @@ export async function showDetails(
         void commands.execute(extendCommand, { id, name: name ?? id }).then(() => view.refresh())
     })
   );
-  app.shell.add(tab, 'main');
-  app.shell.activateById(tab.id);
-  await view.refresh();
+  await openTab(app, tab);
 }

@@ -2,11 +2,10 @@
  * A main-area tab with a cluster's recent bootstrap events and the tail of its job output.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { MainAreaWidget, ToolbarButton } from '@jupyterlab/apputils';
-import { refreshIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { getCluster } from './api';
+import { openTab, refreshableTab } from './tabs';
 
 class LogView extends Widget {
   constructor(readonly clusterId: string) {
@@ -35,20 +34,12 @@ class LogView extends Widget {
 
 /** Open a tab with the logs of cluster `id` (refreshed on open and by its toolbar button). */
 export async function showLogs(app: JupyterFrontEnd, id: string, name?: string): Promise<void> {
-  const view = new LogView(id);
-  const tab = new MainAreaWidget({ content: view });
-  tab.id = `slurm-ray-logs-${id}-${Date.now()}`;
-  tab.title.label = `Logs: ${name ?? id}`;
-  tab.title.closable = true;
-  tab.toolbar.addItem(
-    'refresh',
-    new ToolbarButton({
-      icon: refreshIcon,
-      tooltip: 'Read the logs again',
-      onClick: () => void view.refresh()
-    })
+  const tab = refreshableTab(
+    new LogView(id),
+    'logs',
+    id,
+    `Logs: ${name ?? id}`,
+    'Read the logs again'
   );
-  app.shell.add(tab, 'main');
-  app.shell.activateById(tab.id);
-  await view.refresh();
+  await openTab(app, tab);
 }
