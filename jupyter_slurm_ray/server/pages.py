@@ -180,9 +180,7 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
                 content_type = value
             self.add_header(name, value)
         self._set_route_headers(content_type)
-        body = reply.body
-        if content_type.startswith("text/html"):
-            body = with_storage_shim(self._headers, body)
+        body = with_storage_shim(self._headers, reply.body)  # HTML pages only
         if body:
             self.write(body)
 
