@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import urllib.request
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +32,7 @@ from .adaptpolicy import (
     parse_cluster_status,
 )
 from .aio import blocking
+from .bootstrap import dashhttp
 from .errors import SlurmRayError
 from .scaling import append_event, worker_minutes
 from .watch import watcher_for
@@ -50,7 +49,6 @@ INTERVAL = 2.0  # seconds between two looks at Ray's state (its monitor writes e
 SETTLE = 12.0  # a node that joined this recently may not show in Ray's demand yet
 DRAIN_TIMEOUT = 30.0
 KEPT = 5  # decisions shown in the status
-HTTP_TIMEOUT = 5.0
 
 
 class Adapter:
@@ -262,8 +260,7 @@ class Adapter:
         """``api/cluster_status`` of the head's dashboard (through its forward, with the
         cluster's token): Ray's unmet demand and each node's usage."""
         url, token = await self._dashboard()
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-        body = await asyncio.to_thread(_get_json, request)
+        body = await asyncio.to_thread(dashhttp.get_json, url, token)
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, dict):
             raise SlurmRayError(f"the dashboard's cluster status was not understood: {body!r:.200}")
@@ -275,7 +272,9 @@ class Adapter:
             info = await client.load_connection(job_dir)
             forward = await client._reach("dashboard", info.head_ip, info.dashboard_port)
             self._token = (await job_dir.read_token()).strip()
-            self._url = f"http://{forward.local_host}:{forward.local_port}/api/cluster_status"
+            self._url = dashhttp.dashboard_url(
+                forward.local_host, forward.local_port, "api/cluster_status"
+            )
         return self._url, self._token
 
 
@@ -329,11 +328,6 @@ def _checked_or_default(
         group,
         head_nodes,
     )
-
-
-def _get_json(request: urllib.request.Request) -> Any:
-    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as answer:
-        return json.load(answer)
 
 
 class ClusterAdapting:

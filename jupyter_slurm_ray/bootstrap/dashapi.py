@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
-import urllib.request
 from typing import Any
 
+from dashhttp import DashboardHTTPError, dashboard_url, get_json
 from jsr_base import NODE_RESOURCE
 
 HTTP_TIMEOUT = 1.0  # short: a stop signal must be handled well within Slurm's KillWait
@@ -32,21 +31,21 @@ def alive_slurm_nodes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 class Dashboard:
-    """The head's state API, asked with the cluster token and without any proxy."""
+    """The head's state API, asked with the cluster token, straight to the head (dashhttp)."""
 
     def __init__(self, ip: str, port: int, token: str) -> None:
-        self.url = f"http://{ip}:{port}/api/v0/nodes?limit=1000"
-        self.headers = {"X-Ray-Authorization": f"Bearer {token}"}
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.url = dashboard_url(ip, port, "api/v0/nodes?limit=1000")
+        self.token = token
 
     def rows(self) -> list[dict[str, Any]] | None:
         """The state API's node rows, or None while the dashboard does not answer."""
-        request = urllib.request.Request(self.url, headers=self.headers)
         try:
-            with self.opener.open(request, timeout=HTTP_TIMEOUT) as reply:
-                return node_rows(json.loads(reply.read()))
-        except (OSError, ValueError):
+            payload = get_json(
+                self.url, self.token, connect_timeout=HTTP_TIMEOUT, read_timeout=HTTP_TIMEOUT
+            )
+        except DashboardHTTPError:
             return None
+        return node_rows(payload)
 
     def alive_nodes(self) -> list[str] | None:
         """Alive node IPs, or None while the dashboard does not answer."""
