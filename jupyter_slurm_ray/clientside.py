@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import connect as ray_client
+from .bootstrap.dashhttp import dashboard_url
 from .errors import ConnectError
 from .jobdir import JobDir
 from .registry import Registry
@@ -45,9 +46,9 @@ class ClientSide:
     def dashboard_url(self) -> str | None:
         fwd = self.forwards.get("dashboard")
         if fwd is not None:
-            return f"http://{fwd.local_host}:{fwd.local_port}/"
+            return dashboard_url(fwd.local_host, fwd.local_port)
         if self.connection is not None:
-            return f"http://{self.connection.head_ip}:{self.connection.dashboard_port}/"
+            return dashboard_url(self.connection.head_ip, self.connection.dashboard_port)
         return None
 
     def open_forwards(self) -> dict[str, int]:
@@ -90,16 +91,15 @@ class ClientSide:
         self._on_forwards_changed()
 
     def job_client(self) -> Any:
-        """A Ray Jobs client (``JobSubmissionClient``) through the dashboard, with the token."""
-        from ray.job_submission import JobSubmissionClient
+        """A Ray Jobs client (``JobSubmissionClient``) for this cluster's dashboard: straight
+        to it (no proxy, no ``$RAY_ADDRESS``), with the token (``rayjobs``)."""
+        from .rayjobs import DirectJobSubmissionClient
 
         if self.dashboard_url is None or self.token_path is None:
             raise ConnectError("connect() first: the dashboard address is not known yet")
         with open(self.token_path) as f:
             token = f.read().strip()
-        return JobSubmissionClient(
-            self.dashboard_url.rstrip("/"), headers={"X-Ray-Authorization": f"Bearer {token}"}
-        )
+        return DirectJobSubmissionClient(self.dashboard_url, token)
 
     async def _local_token(self, job_dir: JobDir) -> str:
         if self.token_path is None:
