@@ -3,7 +3,8 @@
 Ray Client needs the same Ray version and the same Python minor version on both sides; this is
 checked before connecting so the user gets a clear error instead of a gRPC failure. About one
 connect in twelve fails with "Starting Ray client server failed" (ray#63202): that one is
-retried a bounded number of times with a shortened timeout.
+retried a bounded number of times with a shortened timeout. The channel never goes through a
+proxy (``direct_ray_client_channel``): the token travels in its metadata.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ _TRANSIENT = (
     "ZombieProcess",
     "session that has already been cleaned up",
 )
+
+
+_GRPC_PROXY_OPTION = "grpc.enable_http_proxy"
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,7 @@ def connect_ray_client(
     import ray
 
     _forbid_auto_init()
+    direct_ray_client_channel()
 
     last: Exception | None = None
     tried = 0
@@ -163,6 +168,22 @@ def connect_ray_client(
         f"could not connect to the Ray cluster at {address} after {tried} attempt(s): {last}. "
         "Check that the cluster is READY (status()) and that this kernel may reach it."
     ) from None
+
+
+def direct_ray_client_channel() -> None:
+    """Ray Client's gRPC channel in this process goes straight to the address it is given.
+
+    gRPC honours ``grpc_proxy``, ``https_proxy`` and ``http_proxy`` unless its channel option
+    ``grpc.enable_http_proxy`` is 0. Ray 2.60 sets it to 0 for every channel unless
+    ``RAY_grpc_enable_http_proxy`` was set when Ray was imported; Ray Client's options (one
+    list, shared by its module and the client worker) get the 0 whatever that variable says.
+    The environment is left as it is: the user's other programs keep their proxies.
+    """
+    from ray.util.client import common
+
+    options = common.GRPC_OPTIONS
+    options[:] = [(k, v) for k, v in options if k != _GRPC_PROXY_OPTION]
+    options.append((_GRPC_PROXY_OPTION, 0))
 
 
 class _NotMainThreadFilter(logging.Filter):
