@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from ..bootstrap.dashhttp import token_headers
 from ..connect import ConnectionInfo
 from ..errors import (
     DashboardUnavailable,
@@ -48,6 +49,10 @@ class DashboardBackend:
     host: str
     port: int
     token: str
+
+    def token_headers(self) -> dict[str, str]:
+        """The header that carries the token to the head, in the one form every caller sends."""
+        return token_headers(self.token)
 
 
 @dataclass

@@ -164,7 +164,7 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
             for name, value in self.request.headers.get_all()
             if name.lower() not in _NOT_FORWARDED
         ]
-        headers.append(("X-Ray-Authorization", f"Bearer {backend.token}"))
+        headers.extend(backend.token_headers().items())
         return headers
 
     def _relay(self, reply: Reply) -> None:

@@ -313,7 +313,7 @@ class _DashboardProxy(ProxyHandler):
             headers.pop("Accept-Encoding", None)  # a page: uncompressed, to add the shim
         assert self.backend is not None
         headers["Host"] = f"{self.backend.host}:{self.backend.port}"
-        headers["X-Ray-Authorization"] = f"Bearer {self.backend.token}"
+        headers.update(self.backend.token_headers())
         return headers
 
     def proxy_request_options(self) -> dict[str, Any]:
