@@ -8,6 +8,9 @@ redirect (urllib's redirect handler would send the header on to wherever ``Locat
 A connect timeout apart from the read timeout bounds each request, and a JSON reply larger
 than a limit is refused before it is read whole.
 
+Ray's own processes need one thing from the environment (``grpc_exemptions``): loopback in
+``no_grpc_proxy``, or Ray's metrics exporter hands the token to the job's proxy.
+
 Standard library only, importing no other bootstrap module: the bootstrap imports it top-level
 from the job dir (``from dashhttp import …``), the package as
 ``jupyter_slurm_ray.bootstrap.dashhttp``.
@@ -19,6 +22,7 @@ import http.client
 import json
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,6 +31,8 @@ CONNECT_TIMEOUT = 2.0  # seconds to open the connection
 READ_TIMEOUT = 5.0  # seconds from connected to the reply's last byte
 MAX_JSON_BYTES = 16 * 1024 * 1024  # the state API's 1,000 nodes are about 2 MB
 _CHUNK = 64 * 1024
+GRPC_PROXY_VARIABLES = ("grpc_proxy", "https_proxy", "http_proxy")  # what gRPC reads, in order
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class DashboardHTTPError(OSError):
@@ -137,3 +143,22 @@ def _where(url: str) -> str:
     """The dashboard and path a message names (no query)."""
     parts = urlsplit(url)
     return f"the dashboard at {parts.netloc}{parts.path}"
+
+
+def grpc_exemptions(env: Mapping[str, str]) -> dict[str, str]:
+    """What Ray's processes need added to ``env`` so that no gRPC call to this node's own
+    loopback goes through a proxy: ``no_grpc_proxy`` as gRPC reads it now (``no_grpc_proxy``,
+    else ``no_proxy``) plus the loopback names; nothing when ``env`` names no proxy for gRPC.
+
+    Ray 2.60's metrics exporter (OpenTelemetry's OTLP gRPC client in the raylet, the GCS and
+    every worker) sends ``authorization: Bearer <token>`` to the node's dashboard agent on
+    127.0.0.1 every few seconds and, unlike Ray's own channels, honours ``grpc_proxy``,
+    ``https_proxy`` and ``http_proxy``: with a proxy in the job's environment (a site's module
+    sets one) the token went to that proxy. Every other variable, and every other host, is
+    left to the proxy settings the job has.
+    """
+    if not any(env.get(name) for name in GRPC_PROXY_VARIABLES):
+        return {}
+    current = env["no_grpc_proxy"] if "no_grpc_proxy" in env else env.get("no_proxy", "")
+    entries = [entry.strip() for entry in current.split(",") if entry.strip()]
+    return {"no_grpc_proxy": ",".join([*entries, *(h for h in LOOPBACK if h not in entries)])}

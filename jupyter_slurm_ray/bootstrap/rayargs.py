@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dashhttp import grpc_exemptions
 from jsr_base import NODE_RESOURCE, Config, command_path, job_id, run_text, short_hostname
 from nodeaddr import node_address
 from portblock import PORT_NAMES, PortBlock, claim_port_block
@@ -193,6 +194,7 @@ def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dic
         GRPC_ENABLE_FORK_SUPPORT="0",
     )
     env.update({str(k): str(v) for k, v in config.env.items()})
+    env.update(grpc_exemptions(env))  # Ray's metrics exporter: no proxy for its token
     site = str(job_dir / "bootstrap" / "sitepath")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
     return env
