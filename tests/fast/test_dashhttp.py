@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -379,6 +380,82 @@ def test_ray_clients_grpc_channel_ignores_the_proxy_variables():
     (first, first_reached), (_, second_reached) = got["first"], got["second"]
     targets = {seen["request"].split(" ")[:2][1] for seen in proxy.seen}
     assert first_reached == 0 and targets == {f"127.0.0.1:{first}"}
+    assert second_reached >= 1
+
+
+def test_grpc_exemptions_add_loopback_to_what_grpc_reads():
+    loopback = "127.0.0.1,localhost,::1"
+    assert dashhttp.grpc_exemptions({"no_proxy": ".site.edu"}) == {}  # no proxy: no change
+    proxied = {"https_proxy": "http://proxy:3128"}
+    assert dashhttp.grpc_exemptions(proxied) == {"no_grpc_proxy": loopback}
+    site = {**proxied, "no_proxy": ".site.edu, 10.0.0.0/8"}
+    assert dashhttp.grpc_exemptions(site) == {"no_grpc_proxy": f".site.edu,10.0.0.0/8,{loopback}"}
+    # gRPC reads no_grpc_proxy before no_proxy, even empty; an entry is not repeated
+    own = {**site, "no_grpc_proxy": "localhost"}
+    assert dashhttp.grpc_exemptions(own) == {"no_grpc_proxy": "localhost,127.0.0.1,::1"}
+
+
+def test_rays_processes_get_the_jobs_proxies_and_loopback_exempt_for_grpc(tmp_path, monkeypatch):
+    rayargs = bootstrap_module("rayargs")
+    config_class = bootstrap_module("jsr_base").Config
+    ports = {"autoscaler_metrics": 20001, "dashboard_metrics": 20002}
+    for name, value in proxy_environment("http://proxy:3128").items():
+        monkeypatch.setenv(name, value)
+    env = rayargs.ray_environment(config_class(cluster_id="c-1"), tmp_path, ports)
+    assert env["no_grpc_proxy"] == "127.0.0.1,localhost,::1"
+    changed = {k for k, v in env.items() if k in proxy_environment("") and v != os.environ[k]}
+    assert changed == {"no_grpc_proxy"}  # every other proxy variable as the job set it
+    mine = config_class(cluster_id="c-1", env={"no_grpc_proxy": ""})  # the user's env too
+    assert rayargs.ray_environment(mine, tmp_path, ports)["no_grpc_proxy"] == (
+        "127.0.0.1,localhost,::1"
+    )
+
+
+PLAIN_GRPC_CHANNEL = """
+import json, os, socket, sys, threading, grpc
+from jupyter_slurm_ray.bootstrap.dashhttp import grpc_exemptions
+
+def head():
+    listener, reached = socket.create_server(("127.0.0.1", 0)), []
+    def accept():
+        while True:
+            reached.append(listener.accept()[0])
+    threading.Thread(target=accept, daemon=True).start()
+    return listener.getsockname()[1], reached
+
+def call_with_the_token(port):
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")  # default options, as OTel's exporter
+    try:
+        channel.unary_unary("/opentelemetry.Metrics/Export")(
+            b"", metadata=[("authorization", "Bearer " + sys.argv[1])], timeout=2
+        )
+    except grpc.RpcError:
+        pass
+    channel.close()
+
+first, first_reached = head()
+call_with_the_token(first)
+os.environ.update(grpc_exemptions(os.environ))
+second, second_reached = head()
+call_with_the_token(second)
+print(json.dumps({"first": [first, len(first_reached)], "second": [second, len(second_reached)]}))
+"""
+
+
+def test_a_grpc_call_with_default_options_goes_direct_to_loopback_once_exempted():
+    """What Ray's metrics exporter does (gRPC's default channel options, 127.0.0.1, the token
+    in its metadata): through the proxy named by the environment, token and all, until
+    ``grpc_exemptions`` is applied."""
+    proxy = ProxyRecorder()
+    try:
+        got = _run_python(PLAIN_GRPC_CHANNEL, proxy_environment(proxy.url), TOKEN)
+    finally:
+        proxy.close()
+    (first, first_reached), (_, second_reached) = got["first"], got["second"]
+    assert first_reached == 0 and proxy.seen
+    for seen in proxy.seen:
+        assert seen["request"].startswith(f"CONNECT 127.0.0.1:{first} ")
+    assert any(TOKEN in seen["tunnelled"] for seen in proxy.seen)  # the recorder sees it
     assert second_reached >= 1
 
 

@@ -1,6 +1,7 @@
 """A stand-in HTTP proxy that forwards nothing and records every connection made to it: what a
 client honouring ``http_proxy``/``https_proxy``/``all_proxy``/``grpc_proxy`` would hand a proxy
-(a request line with the full URL and its headers, or a ``CONNECT``), answered with a 502.
+(a request line with the full URL and its headers, answered with a 502; or a ``CONNECT``,
+accepted, and what the client sends into the tunnel).
 
 Standard library only. In a thread of the test (``ProxyRecorder``), or as its own program —
 ``/usr/bin/python3 -c "<this file's text>" PORT [HOST]``, one JSON line per connection on stdout
@@ -14,9 +15,13 @@ import json
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 REFUSAL = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HTTP2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
+HTTP2_SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
 PROXY_NAMES = ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy")
 
 
@@ -30,36 +35,67 @@ def proxy_environment(url: str) -> dict[str, str]:
     }
 
 
-def record(conn: socket.socket, peer: tuple) -> dict[str, str]:
-    """What one connection sent (up to the end of its headers or 1 s of silence), refused."""
+def record(conn: socket.socket, peer: tuple, keep: Callable[[dict[str, str]], None]) -> None:
+    """What one connection sent, to ``keep``: its request up to the end of the headers (or 1 s
+    of silence), kept before it is refused; a ``CONNECT`` is accepted instead, and what the
+    client then sends into the tunnel (a TLS hello, or HTTP/2 with gRPC's metadata) is kept
+    too, after 1 s of silence."""
     conn.settimeout(1.0)
     data = b""
+    seen = {"peer": f"{peer[0]}:{peer[1]}", "request": "", "tunnelled": ""}
     try:
         while b"\r\n\r\n" not in data and len(data) < 65536:
             chunk = conn.recv(4096)
             if not chunk:
                 break
             data += chunk
-        conn.sendall(REFUSAL)
+        seen["request"] = data.decode("latin-1")
+        if data.startswith(b"CONNECT "):
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            seen["tunnelled"] = _until_quiet(conn).decode("latin-1")
+        else:
+            keep(seen)  # before the answer: a client that got it finds its request kept
+            seen = {}
+            conn.sendall(REFUSAL)
     except OSError:
         pass
     finally:
         conn.close()
-    return {"peer": f"{peer[0]}:{peer[1]}", "request": data.decode("latin-1")}
+        if seen:
+            keep(seen)
+
+
+def _until_quiet(conn: socket.socket) -> bytes:
+    """What the client sends into an accepted tunnel; to an HTTP/2 client (gRPC) the tunnel
+    answers as a server would at first (its settings, and an ack of the client's), so that
+    the client goes on to send its request's headers."""
+    data = b""
+    try:
+        while len(data) < 65536:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            if not data and chunk.startswith(HTTP2_PREFACE):
+                conn.sendall(HTTP2_SETTINGS + HTTP2_SETTINGS_ACK)
+            data += chunk
+    except OSError:  # 1 s of silence
+        pass
+    return data
 
 
 def serve(listener: socket.socket, found: list[dict[str, str]] | None = None) -> None:
     """Accept until the listener is closed; each record appended to ``found``, or printed."""
+    keep = found.append if found is not None else _print
     while True:
         try:
             conn, peer = listener.accept()
         except OSError:
             return
-        seen = record(conn, peer)
-        if found is None:
-            print(json.dumps(seen), flush=True)
-        else:
-            found.append(seen)
+        record(conn, peer, keep)
+
+
+def _print(seen: dict[str, str]) -> None:
+    print(json.dumps(seen), flush=True)
 
 
 class ProxyRecorder:

@@ -83,9 +83,15 @@ def server_environment(root: Path, user: str, **extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def jupyter_server(
-    root: Path, user: str, *, app: str = "jupyter_server", extra_args: tuple[str, ...] = ()
+    root: Path,
+    user: str,
+    *,
+    app: str = "jupyter_server",
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[JupyterServer]:
-    """``python -m <app>`` with a token on a free loopback port; stopped by its PID at the end."""
+    """``python -m <app>`` with a token on a free loopback port (``env`` added to its
+    environment); stopped by its PID at the end."""
     for sub in ("config", "data", "runtime", "state"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(24)
@@ -107,7 +113,10 @@ def jupyter_server(
     ]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            argv, env=server_environment(root, user), stdout=log_file, stderr=subprocess.STDOUT
+            argv,
+            env=server_environment(root, user, **(env or {})),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
         )
     server = JupyterServer(proc, f"http://127.0.0.1:{port}/", token, log_path, root / "state")
     try:
