@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 TOKEN_HEADER = "X-Ray-Authorization"
 CONNECT_TIMEOUT = 2.0  # seconds to open the connection
-READ_TIMEOUT = 5.0  # seconds from connected to the reply's last byte
-MAX_JSON_BYTES = 16 * 1024 * 1024  # the state API's 1,000 nodes are about 2 MB
+READ_TIMEOUT = 5.0  # seconds for each wait for the headers, and for the whole body
+MAX_JSON_BYTES = 16 * 1024 * 1024  # room for the state API's answer about 1,000 nodes
 _CHUNK = 64 * 1024
 GRPC_PROXY_VARIABLES = ("grpc_proxy", "https_proxy", "http_proxy")  # what gRPC reads, in order
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
