@@ -300,8 +300,12 @@ class Ownership:
         written = self.registry.update(
             self.cluster_id, change, create=create and self.role is Role.OWNER
         )
-        if displaced_by:
-            self.displaced(displaced_by[0].process)
+        if displaced_by:  # told once this write (within a status change) is over
+            by = displaced_by[0].process
+            try:
+                asyncio.get_running_loop().call_soon(self.displaced, by)
+            except RuntimeError:  # no loop in this thread
+                self.displaced(by)
         return written is not None
 
     def _newer_claim(self, lease: LeaseSeen | None, record: ClusterRecord | None) -> Claim | None:

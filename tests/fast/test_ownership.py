@@ -187,6 +187,18 @@ async def test_a_displaced_owners_late_lease_write_never_wins(
     assert registry.load(previous.id).owner_process.same_as(kernel.identity)
 
 
+async def test_an_owner_that_finds_a_newer_owner_in_the_record_stands_down_before_writing(
+    make_cluster, slurm, registry, kernel
+):
+    owner = await ready(make_cluster, slurm, idle_timeout=300)  # renewals 10 s apart
+    registry.update(owner.id, lambda r: (r.set_owner(kernel.identity, 1), r)[1])  # took it
+    (Path(owner.job_dir) / "events.jsonl").open("a").write('{"event": "nodes", "joined": 0}\n')
+    await until(lambda: not owner.owned_here, 2, "the owner standing down at its next write")
+    assert owner.status.ownership == f"taken over; owned by {kernel.identity.describe()}"
+    record = registry.load(owner.id)
+    assert record.owner_process.same_as(kernel.identity) and record.nodes_joined == 1
+
+
 async def test_after_a_takeover_only_the_new_owner_applies_scale_requests(
     make_cluster, slurm, transport, attach, kernel
 ):
