@@ -245,11 +245,23 @@ class Ownership:
 
         self._update_record(change)
 
-    def observe(self, owner: ProcessIdentity, *, taken_over: bool = False) -> None:
-        """Watch the cluster without owning it (named among the record's observers)."""
+    def observe(self, owner: ProcessIdentity, *, newer: Claim | None = None) -> None:
+        """Watch the cluster without owning it (named among the record's observers); with
+        ``newer``, the claim that displaced this owner, which the record learns too when it
+        does not know it (a takeover from a host with another registry)."""
         self.role, self.owner, self.owner_alive = Role.OBSERVER, owner, True
-        self.taken_over = taken_over
-        self._set_observer(True)
+        self.taken_over = newer is not None
+
+        def change(record: ClusterRecord | None) -> ClusterRecord | None:
+            if record is None:
+                return None
+            held = newest_claim(None, record)
+            if newer is not None and (held is None or newer.beats(held)):
+                record.set_owner(newer.process, newer.term)
+            record.set_observer(self.me, True)
+            return record
+
+        self._update_record(change)
         _observing.add(self)
 
     def leave(self) -> None:
@@ -301,7 +313,7 @@ class Ownership:
             self.cluster_id, change, create=create and self.role is Role.OWNER
         )
         if displaced_by:  # told once this write (within a status change) is over
-            by = displaced_by[0].process
+            by = displaced_by[0]
             try:
                 asyncio.get_running_loop().call_soon(self.displaced, by)
             except RuntimeError:  # no loop in this thread
@@ -323,22 +335,22 @@ class Ownership:
         newer = self._newer_claim(*await self.read_claims(job_dir))
         if newer is None:
             return True
-        self.displaced(newer.process)
+        self.displaced(newer)
         return False
 
-    def displaced(self, by: ProcessIdentity) -> None:
+    def displaced(self, by: Claim) -> None:
         """Another process took the cluster over: observe it from now on, and say so."""
         if self.role is not Role.OWNER:
             return
         self.lease.release()
-        self.observe(by, taken_over=True)
+        self.observe(by.process, newer=by)
         log.warning(
             "cluster %s is owned by %s now (taken over): this process no longer renews its "
             "lease, scales it or cancels it at exit",
             self.cluster_id,
-            by.describe(),
+            by.process.describe(),
         )
-        self.on_displaced(by)
+        self.on_displaced(by.process)
 
     # -- an observer's eye on its owner ----------------------------------------------------
     def watch(self, job_dir: JobDirOf) -> None:

@@ -199,6 +199,22 @@ async def test_an_owner_that_finds_a_newer_owner_in_the_record_stands_down_befor
     assert record.owner_process.same_as(kernel.identity) and record.nodes_joined == 1
 
 
+async def test_a_takeover_seen_only_in_the_lease_reaches_this_hosts_record(
+    make_cluster, slurm, registry
+):
+    """Taken over from a host whose registry is another: only the lease says so."""
+    owner = await ready(make_cluster, slurm, idle_timeout=5)
+    elsewhere = ProcessIdentity("login2", 4242, "boot:1")
+    taker = Lease(5, elsewhere)
+    taker.term = 1
+    (Path(owner.job_dir) / "lease").write_text(taker.text())
+    await until(lambda: not owner.owned_here, 10, "the owner standing down at its renewal")
+    assert owner.status.ownership == "taken over; owned by pid 4242 on login2"
+    record = registry.load(owner.id)
+    assert (record.owner_host, record.owner_pid, record.owner_term) == ("login2", 4242, 1)
+    assert [p.pid for p in record.observer_processes] == [os.getpid()]
+
+
 async def test_after_a_takeover_only_the_new_owner_applies_scale_requests(
     make_cluster, slurm, transport, attach, kernel
 ):
