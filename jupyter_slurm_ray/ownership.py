@@ -145,7 +145,8 @@ class Ownership:
     # -- what the views say --------------------------------------------------------------------
     def note(self) -> str | None:
         """The status' word on ownership: None for the owner; ``observing; owned by pid N on
-        host`` for an observer; ``taken over: owned by …`` for a displaced owner."""
+        host`` for an observer; ``taken over; owned by …`` for a displaced owner; for a cluster
+        object that neither owns nor observes, ``owned by …``."""
         if self.role is Role.OWNER or self.owner is None:
             return None
         owned = f"owned by {self.owner.describe()}"
@@ -212,9 +213,9 @@ class Ownership:
             term = max(lease.term if lease else 0, record.owner_term if record else 0) + 1
             self.become_owner(term)
             if claim is not None:
-                how = "took over" if takeover else "attached"
-                gone = "" if claim_alive(claim, self.idle_timeout) else " (gone)"
-                log.info("%s %s from %s%s", how, self.cluster_id, claim.process.describe(), gone)
+                was = "taken over from" if takeover else "its owner was gone:"
+                who = claim.process.describe()
+                log.info("%s is owned by this process now (%s %s)", self.cluster_id, was, who)
         else:
             self.observe(claim.process)
             return self.role

@@ -338,10 +338,7 @@ class ClusterManager:
             )
             return
         transport = self.transports.for_target(record.target)
-        idle_timeout = record.spec.get("idle_timeout")
-        if not isinstance(idle_timeout, int | float) or isinstance(idle_timeout, bool):
-            idle_timeout = 300.0
-        owner = await live_owner(JobDir(transport, record.job_dir), record, float(idle_timeout))
+        owner = await live_owner(JobDir(transport, record.job_dir), record, _idle_timeout(record))
         if owner is not None:  # another process took it over (its lease says so)
             log.info(
                 "not cancelling job %s of %s: %s owns it",
@@ -447,6 +444,14 @@ class ClusterManager:
             "attach_command": f"%slurm_ray attach {record.name}",
             **_walltime_and_queue(record, status),
         }
+
+
+def _idle_timeout(record: ClusterRecord) -> float:
+    """The cluster's ``idle_timeout`` (how long its lease counts), the default if unreadable."""
+    try:
+        return ClusterSpec.from_mapping(record.spec).idle_timeout
+    except SpecError:
+        return ClusterSpec().idle_timeout
 
 
 def _worker_jobs(record: ClusterRecord) -> list[dict[str, Any]]:
