@@ -42,9 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     scale = sub.add_parser(
         "scale",
         help="scale a cluster to N Ray nodes in all: scale N NAME",
-        description="The cluster's owner (the kernel or server that started or attached it) "
-        "submits one-node worker jobs, or drains running ones through Ray and cancels them "
-        "(pending ones first); this command asks the owner to.",
+        description="The cluster's owner (the kernel or server that started it, attached it "
+        "while no live process owned it, or took it over) submits one-node worker jobs, or "
+        "drains running ones through Ray and cancels them (pending ones first); this command "
+        "asks the owner to.",
     )
     add_scale_arguments(scale, NAME_HELP)
     adapt = sub.add_parser(

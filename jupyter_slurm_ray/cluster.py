@@ -7,6 +7,10 @@ change reaches the observers with its timestamp and is saved in the registry.
 Three independent clocks drive a cluster: the job watcher's polls (what Slurm says), the
 bootstrap's events (what the job says), and the lease (that this owner lives). Missing
 answers from Slurm never end a cluster: only Slurm's or the job's own positive word does.
+
+One process owns a cluster (``ownership.py``): the one that started it, or attached it when its
+owner was gone, or took it over. Other processes that attach it observe: their exit leaves it
+running, and they never renew its lease, scale, adapt or rotate it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from .jobdir import JobDir
 from .lease import Lease
 from .localjobs import scheduler_for
 from .naming import new_cluster_id
+from .owner import ProcessIdentity
+from .ownership import Ownership, Role
 from .registry import ClusterRecord, Registry
 from .scaling import WorkerJobs, append_event
 from .slurm import JobInfo, SlurmClient
@@ -57,7 +63,7 @@ __all__ = ["ClusterTimeout", "SlurmRayCluster"]
 
 Observer = Callable[[Status], None]
 
-_owned: weakref.WeakSet[SlurmRayCluster] = weakref.WeakSet()
+_owned: weakref.WeakSet[SlurmRayCluster] = weakref.WeakSet()  # cancelled at exit
 
 
 class SlurmRayCluster(ClusterAdapting, ClusterScaling):
@@ -85,7 +91,10 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         poll_interval: float = 1.0,
         steady_poll_interval: float = 15.0,
         submit_timeout: float = 60.0,
+        process: ProcessIdentity | None = None,
     ) -> None:
+        """``process``: whose cluster object this is (default: this process's); the fast
+        tests model a second kernel with it."""
         self.spec = spec
         self.transport = transport or LocalTransport()
         if spec.mode == "local":  # processes of this machine instead of a Slurm job
@@ -97,7 +106,10 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self.steady_poll_interval = steady_poll_interval  # ... and this often once up
         self.submit_timeout = submit_timeout
         self.job_dir: str | None = None
-        self.lease = Lease(spec.idle_timeout)
+        self.ownership = Ownership(self.id, self.registry, spec.idle_timeout, process=process)
+        self.ownership.on_displaced = self._displaced
+        self.ownership.on_change = self._update_state
+        self._following = False  # subscribed to the job watcher
         self._status = Status(State.SUBMITTING, nodes_wanted=spec.nodes)
         self._observers: list[Observer] = []
         self._follower = JobFollower()
@@ -124,6 +136,22 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     @property
     def state(self) -> State:
         return self._status.state
+
+    @property
+    def lease(self) -> Lease:
+        """The lease this process renews while it owns the cluster."""
+        return self.ownership.lease
+
+    @property
+    def owned_here(self) -> bool:
+        """This process owns the cluster (started it, attached it ownerless, or took it
+        over): it keeps its lease, scales it, and cancels it at exit unless detached."""
+        return self.ownership.owned
+
+    @property
+    def observing(self) -> bool:
+        """This process watches the cluster that another process owns."""
+        return self.ownership.role is Role.OBSERVER
 
     @property
     def job_id(self) -> str | None:
@@ -167,15 +195,22 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     # -- lifecycle ------------------------------------------------------------------------
     @classmethod
     def from_record(
-        cls, record: ClusterRecord, transport: Transport, *, registry: Registry | None = None
+        cls,
+        record: ClusterRecord,
+        transport: Transport,
+        *,
+        registry: Registry | None = None,
+        process: ProcessIdentity | None = None,
     ) -> SlurmRayCluster:
-        """Rebuild a cluster object from its registry record (see :meth:`attach_async`).
+        """Rebuild a cluster object from its registry record (see :meth:`attach_async`): it
+        reads, and may stop the cluster, but neither owns nor observes it until attached.
 
         ``transport`` comes from this process's configuration (``targets.Transports``),
         never from the record.
         """
         spec = ClusterSpec.from_mapping(record.spec) if record.spec else ClusterSpec()
-        cluster = cls(spec, transport, registry=registry, cluster_id=record.id)
+        cluster = cls(spec, transport, registry=registry, cluster_id=record.id, process=process)
+        cluster.ownership.know_record(record)
         cluster.job_dir = record.job_dir or None
         cluster._detached = record.detached
         cluster.created_at = record.created_at
@@ -184,14 +219,30 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         cluster._recorded = True
         return cluster
 
-    async def attach_async(self) -> SlurmRayCluster:
-        """Adopt a running cluster (e.g. after a kernel restart): watch it and own its lease."""
-        if self._status.job_id is None:
+    async def attach_async(self, *, takeover: bool = False) -> SlurmRayCluster:
+        """Watch a running cluster from this process (e.g. after a kernel restart).
+
+        When a live process owns it (its lease fresh and, on its own host, the process
+        running), this one *observes* (``observing``; its status says who owns it): it can
+        connect, watch, read logs and usage and stop it, but its exit leaves the cluster
+        running. When its owner is gone, or with ``takeover``, this process becomes the
+        owner (``owned_here``): it keeps the lease, scales it, cancels it at exit unless
+        detached; a previous owner that still runs stands down at its next lease renewal.
+        """
+        job_id = self._status.job_id
+        if job_id is None:
             raise SlurmRayError(f"cluster {self.id} has no Slurm job to attach to")
-        self._changed = asyncio.Event()
+        if self._changed is None:
+            self._changed = asyncio.Event()
         await self.refresh_async()
-        if not self._status.state.is_final:
-            self._own(self._status.job_id)
+        if self._status.state.is_final or self.owned_here:
+            return self
+        if await self.ownership.settle(self._job_dir(), takeover=takeover) is Role.OWNER:
+            self._own(job_id)
+        else:
+            self._follow(job_id)
+            self.ownership.watch(self._job_dir)
+        self._update_state()
         return self
 
     attach = blocking(attach_async)
@@ -221,6 +272,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         # the job dir root is checked before anything is written
         job_dir, script = await submission.prepare(self.transport, self.spec, self.id)
         self.job_dir = job_dir.path
+        self.ownership.become_owner(0)
         self._save_record()
         job_id = await submission.submit(
             self.slurm,
@@ -360,16 +412,15 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         """Release this object's connections (the cluster itself is left as it is)."""
         await self.disconnect_async()
         self._client.close_forwards()
-        self.lease.release()
-        if self._status.job_id:
-            watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
-        self.workers.unfollow(watcher_for(self.transport))
+        self.ownership.leave()
+        self._unfollow()
         await self.transport.close()
 
     close = blocking(close_async)
 
     async def detach_async(self) -> None:
         """Keep the cluster running after this kernel exits (until its walltime)."""
+        self._require_owner("detach it")
         await self._job_dir().mark_detached(f"{os.getpid()}\n")
         self._detached = True
         self._save_record()
@@ -409,22 +460,62 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     connection_info = blocking(connection_info_async)
 
-    # -- scaling: extra worker jobs (ClusterScaling in clusterscaling.py) ------------------
-    @property
-    def owned_here(self) -> bool:
-        """This process owns the cluster (started or attached it): it can scale it."""
-        return self in _owned
+    # -- scaling: extra worker jobs (ClusterScaling in clusterscaling.py), by the owner only -
+    async def scale_async(self, nodes: int, **options: Any) -> Status:
+        """``ClusterScaling.scale_async`` (clusterscaling.py), for the owner only: any other
+        process asks the owner (``request_scale``)."""
+        self._require_owner("scale it (request_scale asks its owner)")
+        return await super().scale_async(nodes, **options)
 
-    # -- following the job ----------------------------------------------------------------
+    # the base's twin called the base's coroutine: this one checks the owner first
+    scale = blocking(scale_async)  # type: ignore[arg-type]
+
+    def _maybe_rotate(self) -> None:
+        if self.owned_here:
+            super()._maybe_rotate()
+
+    def _require_owner(self, what: str) -> None:
+        if self._status.job_id is not None:
+            self.ownership.require(f"{what} ({self.spec.name})", self.spec.name)
+
+    # -- following the job, as its owner or an observer -----------------------------------
     def _own(self, job_id: str) -> None:
         """Watch the job and keep its lease from now on (until it ends)."""
         _owned.add(self)
         self._owning_since = min(self._owning_since, time.time())
-        watcher = watcher_for(self.transport, self.poll_interval, self.registry.path)
-        watcher.watch(job_id, self._on_answer, pace=self._pace(), tick=self.poll_interval)
-        self.workers.follow(watcher, self._update_state, self.poll_interval)
+        self._follow(job_id)
         if not self._stopping:
-            self.lease.keep(self._job_dir().write_lease)
+            job_dir = self._job_dir()
+            self.lease.keep(job_dir.write_lease, lambda: self.ownership.still_owner(job_dir))
+
+    def _follow(self, job_id: str) -> None:
+        """Subscribe to the job watcher: Slurm's answers and the job's events (once)."""
+        watcher = watcher_for(self.transport, self.poll_interval, self.registry.path)
+        if not self._following:
+            self._following = True
+            watcher.watch(job_id, self._on_answer, pace=self._pace(), tick=self.poll_interval)
+        self.workers.follow(watcher, self._update_state, self.poll_interval)
+
+    def _unfollow(self) -> None:
+        watcher = watcher_for(self.transport)
+        if self._status.job_id:
+            watcher.unwatch(self._status.job_id, self._on_answer)
+        self._following = False
+        self.workers.unfollow(watcher)
+
+    def _displaced(self, owner: ProcessIdentity) -> None:
+        """Another process took the cluster over: stop acting as its owner (no lease, no
+        scaling, adapting or rotation, no cancel at exit); keep watching it as an observer."""
+        _owned.discard(self)
+        self._owning_since = float("inf")
+        self._stop_rotating()
+        if self._adapter is not None:
+            task = asyncio.ensure_future(self.stop_adapting_async())
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
+        if self.job_dir:
+            self.ownership.watch(self._job_dir)
+        self._update_state()
 
     def _pace(self) -> float:
         """Seconds between Slurm's answers this cluster needs now: often while it changes,
@@ -465,9 +556,11 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self._update_state(answer.job, log_tail)
         if self._status.state.is_final:
             self.lease.release()
-            await self.workers.cancel_all()  # the head ended: its worker jobs end too
+            if self.owned_here:
+                await self.workers.cancel_all()  # the head ended: its worker jobs end too
             if self._status.job_id:
                 watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
+                self._following = False
 
     def _update_state(self, job: JobInfo | None = None, log_tail: str = "") -> None:
         status = self._follower.status(
@@ -483,6 +576,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             nodes_wanted=self.spec.nodes + self.workers.wanted,
             worker_jobs=self.workers.views(),
             scaling=self._scaling_lines(),
+            ownership=self.ownership.note(),
         )
         if status.state.is_final and self._client.connected:
             self._client.lost()
@@ -534,7 +628,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             created_at=self.created_at,
         )
         try:
-            if not self.registry.save(record, create=not self._recorded):
+            written = self.ownership.save(record, create=not self._recorded)
+            if not written and self.owned_here:
                 log.info("the record of %s was forgotten; not writing it again", self.id)
             self._recorded = True
         except (OSError, SlurmRayError) as exc:
@@ -561,7 +656,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         """Add walltime (``"+30"`` minutes, ``"+1:00:00"``) with ``scontrol update``;
         ExtendRefused with Slurm's words and what to do when the site does not allow it."""
         extension = await extend_walltime(self.slurm, self._status.job_id, amount)
-        if self in _owned and not self._status.state.is_final:
+        if self.owned_here and not self._status.state.is_final:
             await self.refresh_async()  # the owner keeps its status (and record) current
         return extension
 
@@ -570,9 +665,12 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
 @atexit.register
 def _cancel_owned_clusters() -> None:
-    """On interpreter exit, cancel the clusters this process owns, unless detached."""
+    """On interpreter exit, cancel the clusters this process owns, unless detached (those it
+    only observes are left running: see ``ownership.py``)."""
     for cluster in list(_owned):
         if cluster._detached or cluster.state.is_final or cluster.job_id is None:
+            continue
+        if not cluster.owned_here:  # taken over by another process meanwhile
             continue
         with contextlib.suppress(Exception):
             run_sync(cluster.workers.cancel_all(), timeout=15)

@@ -65,8 +65,8 @@ def status_line(
     warning: bool | None = None,
 ) -> str:
     """One line: state, Slurm's reason (in plain words with ``queue``) or start-up phase,
-    est. start, elapsed, time left, and whether the walltime is almost over (``warning``, else
-    the job's own event)."""
+    est. start, elapsed, time left, whether the walltime is almost over (``warning``, else
+    the job's own event), and who owns it when this process does not."""
     now = time.time() if now is None else now
     parts = [status.state.value]
     if status.state is State.STARTING:
@@ -98,6 +98,8 @@ def status_line(
         parts.append(f"Slurm not answering for {silent} (last known state shown)")
     elif status.notice and not status.state.is_final:
         parts.append(status.notice)
+    if status.ownership and not status.state.is_final:
+        parts.append(status.ownership)
     return " · ".join(parts)
 
 

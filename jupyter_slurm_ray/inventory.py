@@ -58,11 +58,18 @@ class Entry:
 
     @property
     def owner(self) -> str:
+        """Who owns it (``this process``, ``pid 4242``, ``detached``…), and how many other
+        processes observe it (``+1 observing``)."""
         record = self.record
         if record is None:
             return "?"
         if not record.owner_host:
             return "unknown"  # a record written without its owner's identity
+        observing = len(record.observer_processes)
+        return self._owner_of(record) + (f" +{observing} observing" if observing else "")
+
+    @staticmethod
+    def _owner_of(record: ClusterRecord) -> str:
         if record.owner_pid == os.getpid():
             return "this process"
         if record.detached:

@@ -187,9 +187,19 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     forget = add("forget", "Delete the record of an ended cluster (its job dir stays).")
     add_arguments("forget", forget, NAME_HELP)
 
-    attach = add("attach", "Adopt a running cluster (e.g. after a kernel restart) and connect.")
+    attach = add(
+        "attach",
+        "Watch a running cluster from this kernel and connect: its owner if no live process "
+        "owns it (e.g. after a kernel restart), else an observer, whose exit leaves it running.",
+    )
     attach.add_argument("name", help="a cluster name, id or Slurm job id from the registry")
     attach.add_argument("--no-connect", action="store_true", help="do not connect this kernel")
+    attach.add_argument(
+        "--takeover",
+        action="store_true",
+        help="make this kernel the owner even though another process owns it (that one stops "
+        "renewing its lease, scaling it and cancelling it at exit)",
+    )
 
     script = add("script", "Print the job script `up` would submit with these options.")
     _add_spec_options(script)

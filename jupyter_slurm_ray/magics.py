@@ -197,13 +197,14 @@ class SlurmRayMagics(Magics):
 
     def _attach(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.find(args.name)
-        if cluster.id not in self.session.clusters:
-            cluster.attach()
+        if cluster.id not in self.session.clusters or args.takeover:
+            cluster.attach(takeover=args.takeover)
         self.session.adopt(cluster)
         if not args.no_connect and cluster.state is State.READY:
             self._refuse_second_connection(cluster)
             cluster.connect(timeout=self._connect_timeout())
         self._summary(cluster)
+        self._tell_observing(cluster)
 
     def _connect(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.find(args.name)
@@ -213,6 +214,15 @@ class SlurmRayMagics(Magics):
         self.session.adopt(cluster)
         cluster.connect(timeout=self._connect_timeout())
         self._summary(cluster)
+        self._tell_observing(cluster)
+
+    def _tell_observing(self, cluster: SlurmRayCluster) -> None:
+        if cluster.observing and not cluster.state.is_final:
+            name = cluster.spec.name
+            print(
+                f"this kernel observes {name}: its exit leaves the cluster running; "
+                f"`%slurm_ray attach {name} --takeover` makes this kernel its owner"
+            )
 
     def _disconnect(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.connected()

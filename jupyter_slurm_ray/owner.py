@@ -1,4 +1,5 @@
-"""Which process owns a cluster, and whether it still runs: pid plus start time, per host.
+"""Which process owns or observes a cluster, and whether it still runs: pid plus start time,
+per host.
 
 A pid alone is not an identity (pids are reused); the start time since boot, with the boot id,
 is. Whether a process lives can only be judged on its own host: elsewhere the answer is None.
@@ -9,8 +10,10 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def process_started(pid: int) -> str | None:
@@ -64,6 +67,31 @@ class ProcessIdentity:
         if now is None:
             return False  # a zombie
         return self.started is None or now == self.started
+
+    def same_as(self, other: ProcessIdentity | None) -> bool:
+        """The same process (a start time missing on either side is not held against it)."""
+        if other is None or (self.host, self.pid) != (other.host, other.pid):
+            return False
+        return self.started is None or other.started is None or self.started == other.started
+
+    def describe(self) -> str:
+        """``pid 4242 on login1``: how every view names an owner or an observer."""
+        return f"pid {self.pid} on {self.host or 'an unknown host'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid, "started": self.started}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProcessIdentity | None:
+        """An identity from a record or a lease; None when it does not have the right shape."""
+        if not isinstance(data, Mapping):
+            return None
+        host, pid, started = data.get("host"), data.get("pid"), data.get("started")
+        if not isinstance(host, str) or not isinstance(pid, int) or isinstance(pid, bool):
+            return None
+        if started is not None and not isinstance(started, str):
+            return None
+        return cls(host, pid, started)
 
 
 def this_process() -> ProcessIdentity:

@@ -1,7 +1,13 @@
 """On-disk records of clusters, one JSON file each, shared by kernels, the CLI and the server.
 
 Records live in a per-user state directory (mode 0700) and are written atomically (a temporary
-file in the same directory, then ``os.replace``), so a reader never sees half a record.
+file in the same directory, then ``os.replace``), so a reader never sees half a record; every
+write holds the registry's lock (``records.lock`` in the state dir), so that no other process
+writes between the read and the write of :meth:`Registry.update`.
+
+A record names its owner (``owner_host``, ``owner_pid``, ``owner_started``, ``owner_term``) and
+its observers; only the owner writes the owner's fields and the cluster's state, an observer
+only its own entry in ``observers`` (see ``ownership.py``).
 
 Records are data, never code: a record only names the target it needs (see ``targets.py``).
 A directory or file that another user owns or could write is refused, and a record that cannot
@@ -12,6 +18,7 @@ every reader shows, never an exception.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import json
 import logging
@@ -20,7 +27,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -76,7 +83,10 @@ class ClusterRecord:
     owner_pid: int = field(default_factory=os.getpid)
     owner_host: str = field(default_factory=socket.gethostname)
     owner_started: str | None = field(default_factory=lambda: this_process().started)
-    owner: str = field(default_factory=getpass.getuser)
+    owner_term: int = 0  # one more at every change of owner (ownership.py)
+    # the processes that watch the cluster without owning it: {"host", "pid", "started"}
+    observers: list[dict[str, Any]] = field(default_factory=list)
+    owner: str = field(default_factory=getpass.getuser)  # the user
     detached: bool = False
     # the extra worker jobs (scaling.WorkerJob as dicts: job_id, state, reason, host, ...)
     worker_jobs: list[dict[str, Any]] = field(default_factory=list)
@@ -129,6 +139,29 @@ class ClusterRecord:
         """The owning process is known to be gone (it ran on this host and is not there)."""
         return self.owner_process.alive is False
 
+    @property
+    def observer_processes(self) -> list[ProcessIdentity]:
+        """The observers, without those known to be gone."""
+        found = (ProcessIdentity.from_dict(entry) for entry in self.observers)
+        return [p for p in found if p is not None and p.alive is not False]
+
+    def set_owner(self, process: ProcessIdentity, term: int) -> None:
+        """Name ``process`` the owner (in ``term``); it is no longer among the observers."""
+        self.owner_host, self.owner_pid, self.owner_started = (
+            process.host,
+            process.pid,
+            process.started,
+        )
+        self.owner_term = term
+        self.set_observer(process, False)
+
+    def set_observer(self, process: ProcessIdentity, observing: bool) -> None:
+        """Add or remove ``process`` among the observers (and forget those known gone)."""
+        kept = [p for p in self.observer_processes if not p.same_as(process)]
+        if observing:
+            kept.append(process)
+        self.observers = [p.to_dict() for p in kept]
+
 
 # A record read without its owner's identity has an owner that cannot be judged (a remote
 # one), not the defaults of a new record: those name the process reading it.
@@ -157,6 +190,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "owner_pid": (int,),
     "owner_host": (str,),
     "owner_started": _OPTIONAL_STR,
+    "owner_term": (int,),
+    "observers": (list,),
     "owner": (str,),
     "detached": (bool,),
     "worker_jobs": (list,),
@@ -183,7 +218,7 @@ def _check_field(name: str, value: Any) -> None:
         raise RegistryError(f"unknown state {value!r}")
     if name == "job_id" and isinstance(value, str) and not _job_id_like(value):
         raise RegistryError(f"the job id {value!r} is not a Slurm job id")
-    if name in ("nodes_lost", "worker_jobs", "scaling") and isinstance(value, list):
+    if name in ("nodes_lost", "worker_jobs", "scaling", "observers") and isinstance(value, list):
         _check_list(name, value)
     if (
         isinstance(value, dict)
@@ -201,6 +236,8 @@ def _check_list(name: str, value: list[Any]) -> None:
         raise RegistryError("the field 'nodes_lost' is not a list of host names")
     if name == "scaling" and not all(isinstance(line, str) for line in value):
         raise RegistryError("the field 'scaling' is not a list of lines")
+    if name == "observers" and not all(ProcessIdentity.from_dict(p) for p in value):
+        raise RegistryError("the field 'observers' is not a list of processes (host, pid)")
     if name == "worker_jobs" and not all(
         isinstance(job, dict) and isinstance(job.get("job_id"), str) and job["job_id"].isdigit()
         for job in value
@@ -273,13 +310,49 @@ class Registry:
     def save(self, record: ClusterRecord, *, create: bool = True) -> bool:
         """Write ``record``; with ``create=False`` only over an existing record, so an
         update never brings back a record someone forgot meanwhile. True when written."""
-        record.updated_at = time.time()
-        clusters = self._ensure_dirs()
-        path = clusters / f"{record.id}.json"
+        return self.update(record.id, lambda _: record, create=create) is not None
+
+    def update(
+        self,
+        cluster_id: str,
+        change: Callable[[ClusterRecord | None], ClusterRecord | None],
+        *,
+        create: bool = False,
+    ) -> ClusterRecord | None:
+        """Read, change and write one record under the registry's lock, so that no other
+        process writes between the read and the write. ``change`` gets the record on disk
+        (None when there is none, or it cannot be read) and returns the record to write, or
+        None to write nothing. Without ``create``, nothing is written where no record is (a
+        record someone forgot stays forgotten). Returns what was written."""
+        path = self._file(cluster_id)
         if not create and not path.exists():
-            return False
-        write_atomic(path, record.to_json(), 0o600)
-        return True
+            return None
+        self._ensure_dirs()
+        with self._locked():
+            if not create and not path.exists():
+                return None
+            try:
+                current = self.load(cluster_id)
+            except RegistryError as exc:
+                log.warning("replacing the unreadable record %s: %s", cluster_id, exc)
+                current = None
+            record = change(current)
+            if record is None:
+                return None
+            record.updated_at = time.time()
+            write_atomic(path, record.to_json(), 0o600)
+            return record
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The registry's lock (an flock on ``records.lock``), held for one write."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.path / "records.lock", flags, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def load(self, cluster_id: str) -> ClusterRecord | None:
         """The record, None when there is none; RegistryError when it cannot be trusted/read."""

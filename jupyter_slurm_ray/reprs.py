@@ -1,5 +1,5 @@
 """How a cluster looks in a notebook: status lines, HTML badges and the cluster's rich repr
-(state, queue insight, walltime, nodes, request, usage)."""
+(state, queue insight, walltime, nodes, owner, request, usage)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,8 @@ def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
         + (f" ({', '.join(status.nodes)})" if status.nodes else ""),
     )
     yield from _scaling_rows(status)
+    if status.job_id and not status.state.is_final:
+        yield "owner", cluster.ownership.describe()
     request = [f"{spec.nodes} × {spec.cpus_per_node or 'default'} CPU"]
     if spec.gpus_per_node:
         request.append(f"{spec.gpus_per_node} GPU per node")

@@ -105,6 +105,9 @@ class Status:
     worker_jobs: tuple[WorkerJobStatus, ...] = ()
     # Adaptive scaling (adapt.py): its settings, a failure, its last decisions with their cause.
     scaling: tuple[str, ...] = ()
+    # Who owns the cluster when this process does not (ownership.py): "observing; owned by
+    # pid N on host", "taken over: owned by …"; None for the owner.
+    ownership: str | None = None
 
     @property
     def worker_jobs_pending(self) -> tuple[WorkerJobStatus, ...]:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from IPython.testing.globalipapp import start_ipython
-from jupyter_client.manager import KernelManager
 
 from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.magics import SlurmRayMagics
@@ -26,6 +25,7 @@ from jupyter_slurm_ray.registry import Registry
 
 from .helpers.ipyshell import one_line_error
 from .helpers.jobs import job_fields, jobs_named
+from .helpers.notebook import NotebookKernel as Kernel
 from .helpers.site import configured_site
 from .helpers.waiting import wait_for
 
@@ -178,48 +178,6 @@ def test_a_second_connection_is_refused_in_one_line(started, run, name):
 
 
 # -- a second kernel --------------------------------------------------------------------------
-class Kernel:
-    """A real IPython kernel (subprocess) that we send cells to."""
-
-    def __init__(self) -> None:
-        self.manager = KernelManager(kernel_name="python3")
-        self.manager.start_kernel()
-        self._client()
-
-    def _client(self) -> None:
-        self.client = self.manager.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
-
-    def run(self, code: str, timeout: float = 180) -> str:
-        """Execute ``code``; return its stdout, stderr and text results; raise on error."""
-        outputs: list[str] = []
-
-        def collect(message: dict) -> None:
-            content = message["content"]
-            if message["msg_type"] == "stream":
-                outputs.append(content["text"])
-            elif message["msg_type"] in ("execute_result", "display_data"):
-                outputs.append(content["data"].get("text/plain", "") + "\n")
-            elif message["msg_type"] == "error":
-                outputs.append("\n".join(content["traceback"]))
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
-        text = "".join(outputs)
-        if reply["content"]["status"] != "ok":
-            raise AssertionError(f"kernel cell failed:\n{code}\n{text}")
-        return text
-
-    def restart(self) -> None:
-        self.client.stop_channels()
-        self.manager.restart_kernel(now=False)
-        self._client()
-
-    def stop(self) -> None:
-        self.client.stop_channels()
-        self.manager.shutdown_kernel(now=False)
-
-
 @pytest.fixture(scope="module")
 def other(site, testbed) -> Iterator[dict]:
     """A cluster started, detached, by another kernel with ``%%slurm_ray up`` and setup lines."""

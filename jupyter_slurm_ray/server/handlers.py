@@ -7,6 +7,8 @@
   this server owns the cluster, 202 when its owner was asked; 400 naming ``nodes`` when N is bad;
 - ``POST clusters/<id>/adapt`` ``{"maximum": N, "minimum": N, ...}`` or ``{"off": true}``:
   adaptive scaling, 200 / 202 as for scale, 400 naming the bad field;
+- ``POST clusters/<id>/takeover``: this server becomes the cluster's owner (its previous owner
+  stands down); 200 with the view, 409 when the cluster is not active;
 - ``GET doctor[?profile=NAME]``: the checklist of ``doctor.py`` (JSON).
 
 Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
@@ -196,6 +198,17 @@ class AdaptHandler(_OwnerActionHandler):
         return await self.manager.adapt(cluster_id, body)
 
 
+class TakeoverHandler(_ClustersHandler):
+    """``POST``: this server takes the cluster over (it keeps its lease, scales it, cancels it
+    when the server stops unless detached); the previous owner stands down."""
+
+    @web.authenticated
+    async def post(self, cluster_id: str) -> None:
+        with _as_http_errors():
+            view = await self.manager.take_over(cluster_id)
+        self.finish(json.dumps(self._with_links(view)))
+
+
 class DoctorHandler(_ClustersHandler):
     """``GET doctor[?profile=NAME&queue_timeout=S]``: the checklist (``Report.to_dict``) for
     the request a profile (or the configuration) means, with one short test job."""
@@ -227,5 +240,6 @@ def route_specs(
         (prefix + r"/([^/]+)/extend", ExtendHandler, kwargs),
         (prefix + r"/([^/]+)/scale", ScaleHandler, kwargs),
         (prefix + r"/([^/]+)/adapt", AdaptHandler, kwargs),
+        (prefix + r"/([^/]+)/takeover", TakeoverHandler, kwargs),
         (prefix + r"/([^/]+)", ClusterHandler, kwargs),
     ]

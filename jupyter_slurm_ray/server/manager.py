@@ -1,5 +1,5 @@
 """The clusters the Jupyter server shows: the registry reconciled with Slurm, stop, create,
-forget, extend, and the housekeeping that leaves nothing behind.
+forget, extend, take over, and the housekeeping that leaves nothing behind.
 
 Each view also carries the walltime (time left, whether the warning is due), the queue insight
 of a pending cluster, and (on request, ``sacct`` answers kept by ``usage.py``) its usage.
@@ -8,7 +8,11 @@ Plain asyncio, no web framework, so it is tested on its own. Listing costs at mo
 query per target per ``refresh_interval`` seconds, however many browsers poll (see
 ``inventory.Inventory``). Housekeeping, every ``housekeeping_interval`` seconds: cancel the
 jobs of clusters whose owning process is known to be dead on this host (without waiting for
-their lease to go stale), and forget ended clusters older than the retention.
+their lease to go stale; never one whose lease names a live owner), and forget ended clusters
+older than the retention.
+
+The server owns the clusters it created or took over (``take_over``), until another process
+takes them over in turn (see ``ownership.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..inventory import Entry, Inventory, tag_matches
 from ..jobdir import EVENTS, JobDir, parse_events
 from ..localjobs import scheduler_for
 from ..naming import is_cluster_id
+from ..ownership import live_owner
 from ..queueinfo import queue_insight
 from ..registry import ClusterRecord, Registry
 from ..scaling import checked_node_count
@@ -69,7 +74,8 @@ class ClusterManager:
         self.retention = retention
         self.housekeeping_interval = housekeeping_interval
         self._resolve_spec = resolve_spec
-        self._owned: dict[str, SlurmRayCluster] = {}  # clusters this server created
+        # the clusters this server created or took over (it owns those not taken over since)
+        self._clusters: dict[str, SlurmRayCluster] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self.reaped: list[str] = []  # job ids cancelled because their owner was gone
 
@@ -133,7 +139,7 @@ class ClusterManager:
         record = entry.record
         if record is None:
             raise SpecError("id", cluster_id, "a readable record (this one can only be forgotten)")
-        cluster = self._owned.pop(cluster_id, None)
+        cluster = self._clusters.pop(cluster_id, None)
         if cluster is None:
             if not entry.active:
                 return self.view(entry)  # nothing left to stop
@@ -150,7 +156,7 @@ class ClusterManager:
         if entry.active:
             raise Conflict(f"{entry.id} is {entry.state}: stop it before forgetting it")
         self.registry.delete(entry.id)
-        self._owned.pop(entry.id, None)
+        self._clusters.pop(entry.id, None)
         log.info("forgot cluster %s (%s)", entry.id, entry.state)
         return {"id": entry.id, "forgotten": True}
 
@@ -168,7 +174,7 @@ class ClusterManager:
         checked = await check_with_slurm(spec, transport)
         cluster = SlurmRayCluster(spec, transport, registry=self.registry)
         await cluster.up_async(wait=False)
-        self._owned[cluster.id] = cluster
+        self._clusters[cluster.id] = cluster
         self.inventory.expire()
         log.info("created cluster %s (job %s) from profile %s", cluster.id, cluster.job_id, profile)
         view = self.view(await self._entry(cluster.id))
@@ -211,7 +217,7 @@ class ClusterManager:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can adapt")
         low, high = body.get("minimum"), body.get("maximum")
         idle, pending = body.get("idle_timeout"), body.get("max_pending")
-        cluster = self._owned.get(cluster_id)
+        cluster = self._owned(cluster_id)
         if cluster is not None and off:
             await cluster.stop_adapting_async()
         elif cluster is not None:
@@ -238,7 +244,7 @@ class ClusterManager:
         record = entry.record
         if record is None or not entry.active or not record.job_id:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be scaled")
-        cluster = self._owned.get(cluster_id)
+        cluster = self._owned(cluster_id)
         if cluster is not None:
             await cluster.scale_async(count, group=group)
         else:
@@ -249,8 +255,35 @@ class ClusterManager:
         self.inventory.expire()
         return self.view(await self._entry(cluster_id)), cluster is not None
 
+    async def take_over(self, cluster_id: str) -> dict[str, Any]:
+        """Make this server the owner of an active cluster: it keeps its lease, applies its
+        scale and adapt requests, and cancels it when the server stops (unless detached).
+        Its previous owner stands down at its next lease renewal (``owned by pid N on …``)."""
+        entry = await self._entry(cluster_id)
+        record = entry.record
+        if record is None or not entry.active or not record.job_id:
+            raise Conflict(
+                f"{cluster_id} is {entry.state}: only an active cluster can be taken over"
+            )
+        if not self.owns(cluster_id):
+            cluster = self._clusters.get(cluster_id)  # held here, taken over since?
+            if cluster is None:
+                transport = self.transports.for_target(record.target)
+                cluster = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+            await cluster.attach_async(takeover=True)
+            self._clusters[cluster_id] = cluster
+            previous = record.owner_process.describe()
+            log.info("took over cluster %s (job %s) from %s", cluster_id, record.job_id, previous)
+        self.inventory.expire()
+        return self.view(await self._entry(cluster_id))
+
     def owns(self, cluster_id: str) -> bool:
-        return cluster_id in self._owned
+        """This server owns the cluster (created or took it over, not taken over since)."""
+        return self._owned(cluster_id) is not None
+
+    def _owned(self, cluster_id: str) -> SlurmRayCluster | None:
+        cluster = self._clusters.get(cluster_id)
+        return cluster if cluster is not None and cluster.owned_here else None
 
     # -- housekeeping -----------------------------------------------------------------------
     def start_housekeeping(self) -> None:
@@ -281,7 +314,7 @@ class ClusterManager:
             not record.is_final
             and not record.detached
             and record.job_id is not None
-            and record.id not in self._owned
+            and not self.owns(record.id)
             and record.owner_gone
         )
 
@@ -304,13 +337,23 @@ class ClusterManager:
                 record.id,
             )
             return
+        transport = self.transports.for_target(record.target)
+        owner = await live_owner(JobDir(transport, record.job_dir), record, _idle_timeout(record))
+        if owner is not None:  # another process took it over (its lease says so)
+            log.info(
+                "not cancelling job %s of %s: %s owns it",
+                record.job_id,
+                record.id,
+                owner.describe(),
+            )
+            return
         log.warning(
             "cancelling job %s of cluster %s: its owner (pid %d) is gone and it was not detached",
             record.job_id,
             record.id,
             record.owner_pid,
         )
-        slurm = scheduler_for(self.transports.for_target(record.target))
+        slurm = scheduler_for(transport)
         with contextlib.suppress(SlurmRayError):
             await slurm.cancel(record.job_id)
             self.reaped.append(record.job_id)
@@ -383,7 +426,12 @@ class ClusterManager:
             "owner_host": record.owner_host,
             "owner_pid": record.owner_pid,
             "owner_alive": record.owner_alive,
-            "server_owned": record.id in self._owned,
+            "owner_term": record.owner_term,
+            "observers": [{"pid": p.pid, "host": p.host} for p in record.observer_processes],
+            "server_owned": self.owns(record.id),
+            "can_take_over": not status.state.is_final
+            and bool(record.job_id)
+            and not self.owns(record.id),
             "detached": record.detached,
             "target": record.target,
             "reachable": entry.error is None,
@@ -396,6 +444,14 @@ class ClusterManager:
             "attach_command": f"%slurm_ray attach {record.name}",
             **_walltime_and_queue(record, status),
         }
+
+
+def _idle_timeout(record: ClusterRecord) -> float:
+    """The cluster's ``idle_timeout`` (how long its lease counts), the default if unreadable."""
+    try:
+        return ClusterSpec.from_mapping(record.spec).idle_timeout
+    except SpecError:
+        return ClusterSpec().idle_timeout
 
 
 def _worker_jobs(record: ClusterRecord) -> list[dict[str, Any]]:

@@ -26,7 +26,14 @@ export interface ICluster {
   owner_host: string;
   owner_pid: number;
   owner_alive: boolean;
+  /** One more at every change of owner (a takeover). */
+  owner_term?: number;
+  /** The processes that watch the cluster without owning it (their exit leaves it running). */
+  observers?: IObserver[];
+  /** This server owns the cluster (it created it, or took it over). */
   server_owned: boolean;
+  /** It is active and this server does not own it: `takeoverCluster` may make it the owner. */
+  can_take_over?: boolean;
   detached: boolean;
   target: string;
   attach_command: string;
@@ -61,6 +68,12 @@ export interface ICluster {
   queue?: IQueueInsight | null;
   /** What its Slurm jobs used: compact in the listing (`?usage=true`), full in details. */
   usage?: IUsage | null;
+}
+
+/** A process that observes a cluster (a kernel that attached it while its owner lived). */
+export interface IObserver {
+  pid: number;
+  host: string;
 }
 
 /** Slurm's pending reason explained, what to do, and what it waits for. */
@@ -194,6 +207,14 @@ export const scaleCluster = (id: string, nodes: number): Promise<ICluster & { ap
     method: 'POST',
     body: JSON.stringify({ nodes })
   });
+
+/**
+ * Make this Jupyter server the cluster's owner: it keeps its lease and cancels it when the
+ * server stops (unless detached); the previous owner stands down at its next lease renewal
+ * and says who owns the cluster now. 409 when the cluster is no longer active.
+ */
+export const takeoverCluster = (id: string): Promise<ICluster> =>
+  request<ICluster>(`${encodeURIComponent(id)}/takeover`, { method: 'POST' });
 
 export const createCluster = (settings: Record<string, unknown>): Promise<ICluster> =>
   request<ICluster>('', { method: 'POST', body: JSON.stringify(settings) });

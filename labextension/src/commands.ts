@@ -18,15 +18,18 @@ import {
   createCluster,
   extendCluster,
   forgetCluster,
+  ICluster,
   runDoctor,
   scaleCluster,
-  stopCluster
+  stopCluster,
+  takeoverCluster
 } from './api';
 import { doctorTableHtml } from './doctor';
 import { openDashboard } from './dashboard';
 import { showDetails } from './details';
 import { hms } from './format';
 import { showLogs } from './logs';
+import { takeOver } from './takeover';
 
 export namespace CommandIDs {
   export const openDashboard = 'slurm-ray:open-dashboard';
@@ -37,6 +40,7 @@ export namespace CommandIDs {
   export const showDetails = 'slurm-ray:show-details';
   export const extend = 'slurm-ray:extend';
   export const scale = 'slurm-ray:scale';
+  export const takeover = 'slurm-ray:takeover';
   export const refresh = 'slurm-ray:refresh';
   export const create = 'slurm-ray:create';
   export const showSidebar = 'slurm-ray:show-sidebar';
@@ -50,6 +54,8 @@ export interface ICommandContext {
   remove: (id: string) => void;
   /** Cluster id → name, from the sidebar's last listing. */
   nameOf: (id: string) => string | undefined;
+  /** Cluster id → the cluster as last listed (its owner, for the takeover's question). */
+  clusterOf: (id: string) => ICluster | undefined;
   defaultProfile: () => string;
   sidebarId: string;
 }
@@ -301,6 +307,24 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
     )
   );
 
+  commands.addCommand(
+    CommandIDs.takeover,
+    clusterCommand(
+      app,
+      ctx,
+      'Slurm Ray: Take Over Cluster…',
+      'Make this Jupyter server the owner of the cluster (its owner stops acting as one)',
+      picked =>
+        takeOver(picked.id, picked.label, ctx.clusterOf(picked.id), {
+          confirm: confirmed,
+          takeover: takeoverCluster,
+          success: message => Notification.success(message, { autoClose: 8000 }),
+          failure: showErrorMessage,
+          refresh: ctx.refresh
+        })
+    )
+  );
+
   commands.addCommand(CommandIDs.doctor, {
     label: 'Slurm Ray: Doctor',
     caption: 'Check Slurm, the job dir, the cluster Python and Ray on a node, the network',
@@ -383,5 +407,6 @@ export const paletteCommands = [
   CommandIDs.showDetails,
   CommandIDs.extend,
   CommandIDs.scale,
+  CommandIDs.takeover,
   CommandIDs.doctor
 ];

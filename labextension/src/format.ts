@@ -128,17 +128,32 @@ export const canForget = (cluster: ICluster): boolean =>
 export const unreadableText = (cluster: ICluster): string =>
   `unreadable record ${cluster.id}: ${cluster.error || 'no reason given'}`;
 
-/** `alice (this server)`, `alice (kernel 123 on login1)`, `alice (gone)`. */
+/**
+ * `alice (this server)`, `alice (pid 123 on login1)`, `alice (owner gone)`, and how many other
+ * processes observe it: `alice (pid 123 on login1) · 1 observing`.
+ */
 export function ownerText(cluster: ICluster): string {
   const who = cluster.owner || 'unknown user';
+  let owner = `${who} (pid ${cluster.owner_pid} on ${cluster.owner_host})`;
   if (cluster.server_owned) {
-    return `${who} (this server)`;
+    owner = `${who} (this server)`;
+  } else if (!cluster.owner_alive) {
+    owner = `${who} (owner gone)`;
   }
-  if (!cluster.owner_alive) {
-    return `${who} (owner gone)`;
-  }
-  return `${who} (pid ${cluster.owner_pid} on ${cluster.owner_host})`;
+  const observing = (cluster.observers ?? []).length;
+  return observing ? `${owner} · ${observing} observing` : owner;
 }
+
+/** `pid 123 on login1`, or `this server`: who owns a cluster, for a sentence. */
+export function ownerName(cluster: ICluster): string {
+  return cluster.server_owned
+    ? 'this server'
+    : `pid ${cluster.owner_pid} on ${cluster.owner_host || 'an unknown host'}`;
+}
+
+/** Whether the Take over button is offered: active, and owned by another process. */
+export const canTakeOver = (cluster: ICluster): boolean =>
+  cluster.can_take_over === true && !hasEnded(cluster) && !cluster.server_owned;
 
 /** `1.2 GiB` from bytes; `—` when unknown. */
 export function bytesText(bytes: number | null | undefined): string {

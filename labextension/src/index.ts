@@ -37,6 +37,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       refresh: () => sidebar.refresh(),
       remove: id => sidebar.remove(id),
       nameOf: id => sidebar.clusters.find(c => c.id === id)?.name,
+      clusterOf: id => sidebar.clusters.find(c => c.id === id),
       defaultProfile: () => defaultProfile,
       sidebarId: sidebar.id
     });

@@ -14,6 +14,7 @@ import { ICluster, IClusterList, listClusters } from './api';
 import { CommandIDs } from './commands';
 import {
   canForget,
+  canTakeOver,
   clustersToWarn,
   hasEnded,
   hms,
@@ -250,6 +251,9 @@ export class ClusterSidebar extends Widget {
         !isUp(cluster.state)
       )
     );
+    if (canTakeOver(cluster)) {
+      actions.append(this._button('Take over', CommandIDs.takeover, args, false, 'warn'));
+    }
     if (canForget(cluster)) {
       actions.append(this._button('Forget', CommandIDs.forget, args, false, 'warn'));
     }

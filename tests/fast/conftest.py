@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +34,7 @@ from jupyter_slurm_ray import config as config_module
 from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.naming import DASHBOARD_BASE_ENV
+from jupyter_slurm_ray.owner import ProcessIdentity
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.server.manager import ClusterManager
 from jupyter_slurm_ray.spec import ClusterSpec
@@ -41,6 +42,7 @@ from jupyter_slurm_ray.watch import watcher_for
 
 from ..helpers.fakeslurm import FakeSlurm, FakeTransport
 from ..helpers.jp_fixtures import *  # noqa: F403  (pytest-jupyter's fixtures for jp_fetch)
+from ..helpers.processes import StandIn
 from ..helpers.site import write_profiles
 
 
@@ -75,7 +77,7 @@ async def make_cluster(transport, registry, jobs_root):
     """
     made: list[SlurmRayCluster] = []
 
-    def make(**spec) -> SlurmRayCluster:
+    def make(process: ProcessIdentity | None = None, **spec) -> SlurmRayCluster:
         settings = dict(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
         settings.update(spec)
         cluster = SlurmRayCluster(
@@ -84,6 +86,7 @@ async def make_cluster(transport, registry, jobs_root):
             registry=registry,
             poll_interval=0.05,
             steady_poll_interval=0.05,
+            process=process,  # another kernel's identity (test_ownership.py), else this one
         )
         made.append(cluster)
         return cluster
@@ -92,6 +95,20 @@ async def make_cluster(transport, registry, jobs_root):
     for cluster in made:
         await cluster.close_async()
     await watcher_stopped(transport)
+
+
+@pytest.fixture
+def stand_ins() -> Iterator[Callable[[], StandIn]]:
+    """``stand_in()``: a live process standing for another kernel; killed at the end."""
+    made: list[StandIn] = []
+
+    def make() -> StandIn:
+        made.append(StandIn())
+        return made[-1]
+
+    yield make
+    for stand_in in made:
+        stand_in.kill()
 
 
 def emit(cluster: SlurmRayCluster, *events: dict) -> None:
@@ -177,7 +194,7 @@ async def server_manager(jp_fetch, jp_serverapp, transport) -> AsyncIterator[Clu
     and the job watcher are stopped, and the server app is cleaned up."""
     manager: ClusterManager = jp_serverapp.web_app.settings["slurm_ray_manager"]
     yield manager
-    for cluster in list(manager._owned.values()):
+    for cluster in list(manager._clusters.values()):
         await cluster.close_async()
     await manager.close()
     await watcher_stopped(transport)

@@ -10,21 +10,24 @@ import time
 import pytest
 
 from jupyter_slurm_ray.errors import Conflict
+from jupyter_slurm_ray.lease import Lease
 from jupyter_slurm_ray.naming import job_comment
+from jupyter_slurm_ray.owner import this_process
 from jupyter_slurm_ray.registry import ClusterRecord
 from jupyter_slurm_ray.server.manager import ClusterManager
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.targets import Transports
 
 from ..helpers.fakeslurm import FakeJob
+from ..helpers.processes import dead_process
 
 
 def record(job_id: str | None, name: str, state: str = "READY", **fields) -> ClusterRecord:
     fields.setdefault("target", "fake")
+    fields.setdefault("job_dir", f"/nowhere/{name}-0000")
     return ClusterRecord(
         id=f"{name}-0000",
         name=name,
-        job_dir=f"/nowhere/{name}-0000",
         job_id=job_id,
         state=state,
         **fields,
@@ -111,6 +114,24 @@ async def test_housekeeping_cancels_a_dead_owners_tagged_job_only(manager, regis
         "9": "RUNNING",
         "10": "RUNNING",
     }
+
+
+async def test_housekeeping_never_reaps_a_cluster_whose_lease_names_a_live_owner(
+    manager, registry, slurm, tmp_path
+):
+    """The record names a gone kernel, but another process took the cluster over from
+    elsewhere (its lease, fresh, names it): only the cluster whose lease agrees is reaped."""
+    for name, lease_owner in (("taken", this_process()), ("orphan", dead_process())):
+        job_dir = tmp_path / f"{name}-0000"
+        job_dir.mkdir()
+        lease = Lease(300, lease_owner)
+        lease.term = 1
+        (job_dir / "lease").write_text(lease.text())
+        add_job(slurm, str(len(name)), f"{name}-0000")
+        registry.save(record(str(len(name)), name, owner_pid=dead_pid(), job_dir=str(job_dir)))
+    await manager.housekeep()
+    assert manager.reaped == ["6"]  # the orphan's job only
+    assert slurm.jobs["5"].state == "RUNNING"
 
 
 async def test_a_quiet_housekeeping_round_asks_slurm_nothing(manager, registry, slurm):

@@ -17,6 +17,8 @@ from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 
 from ..helpers.fakeslurm import FakeJob, FakeSlurm
+from ..helpers.waiting import until
+from .test_cluster_logic import ready
 
 API = ("slurm-ray", "api", "clusters")
 
@@ -251,3 +253,31 @@ async def test_post_creates_a_server_owned_cluster_from_a_profile(api, registry,
     code, stopped = await api("DELETE", created["id"])
     assert code == 200 and stopped["state"] in ("STOPPED", "CANCELLED")
     assert job.state == "CANCELLED"
+
+
+async def test_takeover_makes_the_server_the_owner_and_the_kernel_is_told(
+    api, registry, slurm, make_cluster, stand_ins
+):
+    kernel = stand_ins()  # the kernel that owns the cluster (a real process)
+    owned = await ready(make_cluster, slurm, idle_timeout=5, process=kernel.identity)
+    code, listing = await api("GET")
+    (view,) = listing["clusters"]
+    assert code == 200 and view["can_take_over"] and not view["server_owned"]
+    assert view["owner_pid"] == kernel.identity.pid and view["owner_term"] == 0
+    code, view = await api("POST", owned.id, "takeover")
+    assert code == 200, view
+    assert view["server_owned"] and not view["can_take_over"]
+    assert (view["owner_pid"], view["owner_term"]) == (os.getpid(), 1)
+    await until(lambda: not owned.owned_here, 10, "the kernel standing down")
+    assert (
+        owned.status.ownership == f"taken over; owned by pid {os.getpid()} on {view['owner_host']}"
+    )
+    code, listing = await api("GET")
+    assert [o["pid"] for o in listing["clusters"][0]["observers"]] == [kernel.identity.pid]
+    code, again = await api("POST", owned.id, "takeover")  # it owns it already
+    assert code == 200 and again["owner_term"] == 1
+    code, stopped = await api("DELETE", owned.id)
+    assert code == 200 and stopped["final"]
+    code, refused = await api("POST", owned.id, "takeover")
+    assert code == 409 and "only an active cluster can be taken over" in refused["message"]
+    assert (await api("POST", "nosuch-0000", "takeover"))[0] == 404
