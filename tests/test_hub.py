@@ -13,25 +13,17 @@ The browser's view of the same path is ``tests_browser/test_hub.py``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .helpers.clusters import wait_until_nothing_left
 from .helpers.faults import record_figure
-from .helpers.hub import (
-    HubUser,
-    record_of,
-    service,
-    wait_for_cluster_state,
-)
+from .helpers.hub import HubUser, jobs_cli, record_of, service, wait_for_cluster_state
 from .helpers.jobs import in_queue
 from .helpers.waiting import wait_for
 
@@ -154,18 +146,7 @@ def test_rays_jobs_cli_submits_and_follows_the_logs_through_the_hub(alice, clust
     record_figure("Ray Jobs CLI through JupyterHub", submit_and_tail_s=time.monotonic() - started)
 
 
-def jobs_cli(*args: str) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    environment["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray = Path(sys.executable).with_name("ray")
-    return subprocess.run(
-        [str(ray), "job", *args], capture_output=True, text=True, timeout=180, env=environment
-    )
-
-
-def test_bob_sees_none_of_alices_clusters_and_reaches_none_of_her_dashboards(
-    alice, bob, cluster
-):
+def test_bob_sees_none_of_alices_clusters_and_reaches_none_of_her_dashboards(alice, bob, cluster):
     # bob's cookie and bob's token on alice's server: the hub refuses both
     for path in (API, dashboard(cluster), dashboard(cluster) + "api/jobs/"):
         with_cookie = bob.session.get(alice.server + path, timeout=60)

@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,7 +114,7 @@ class HubUser:
         return response.json().get("servers", {}).get("", {})
 
     def start_server(self, timeout: float = 180) -> float:
-        """"Start My Server": seconds until the hub says the server is ready."""
+        """Start My Server: seconds until the hub says the server is ready."""
         started = time.monotonic()
         response = self.hub_api("POST", f"users/{self.name}/server")
         assert response.status_code in (201, 202), (response.status_code, response.text[:500])
@@ -128,7 +129,7 @@ class HubUser:
         return time.monotonic() - started
 
     def stop_server(self, timeout: float = 90) -> None:
-        """"Stop My Server": the hub cancels the server's job."""
+        """Stop My Server: the hub cancels the server's job."""
         response = self.hub_api("DELETE", f"users/{self.name}/server")
         assert response.status_code in (202, 204, 400), (response.status_code, response.text)
         wait_for(lambda: not self._server_model(), timeout, f"{self.name}'s server to stop")
@@ -184,3 +185,13 @@ def wait_for_cluster_state(user: HubUser, cluster_id: str, states: set[str], tim
         return None
 
     return wait_for(reached, timeout, f"cluster {cluster_id} to be {'/'.join(sorted(states))}")
+
+
+def jobs_cli(*args: str) -> subprocess.CompletedProcess:
+    """Ray's Jobs CLI (``ray job …``) of this venv, without this process's ``RAY_*`` settings."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    environment["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray = Path(sys.executable).with_name("ray")
+    return subprocess.run(
+        [str(ray), "job", *args], capture_output=True, text=True, timeout=180, env=environment
+    )
