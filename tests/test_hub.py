@@ -119,7 +119,7 @@ def test_the_dashboard_is_served_under_the_hubs_base_url(alice, cluster):
     assert location.startswith(f"{base}slurm-ray/dashboard/{cluster['id']}/~"), location
     # …which the sidebar asks for, then loads in its IFrame
     link = alice.call("POST", f"slurm-ray/dashboard-links/{cluster['id']}")
-    assert link.status_code == 200, link.text[:500]
+    assert link.status_code == 201, link.text[:500]
     url = link.json()["url"]
     assert url.startswith(f"{base}slurm-ray/dashboard/{cluster['id']}/~"), url
     page = alice.call("GET", url.removeprefix(base), headers={"Sec-Fetch-Dest": "iframe"})

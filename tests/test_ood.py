@@ -160,7 +160,7 @@ def test_jupyterlab_and_the_clusters_api_answer_under_oods_node_url(jupyter):
 
 def test_the_sandboxed_dashboard_page_comes_through_apache(jupyter, cluster):
     link = jupyter.call("POST", f"slurm-ray/dashboard-links/{cluster['id']}")
-    assert link.status_code == 200, link.text[:500]
+    assert link.status_code == 201, link.text[:500]
     url = link.json()["url"]
     prefix = jupyter.base.split(":8080", 1)[1]
     assert url.startswith(f"{prefix}slurm-ray/dashboard/{cluster['id']}/~"), url
