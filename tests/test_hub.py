@@ -23,8 +23,17 @@ import pytest
 
 from .helpers.clusters import wait_until_nothing_left
 from .helpers.faults import record_figure
-from .helpers.hub import HubUser, jobs_cli, record_of, service, wait_for_cluster_state
+from .helpers.hub import (
+    HubUser,
+    forget_record,
+    jobs_cli,
+    record_of,
+    service,
+    user_venv,
+    wait_for_cluster_state,
+)
 from .helpers.jobs import in_queue
+from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -174,8 +183,15 @@ def test_stop_my_server_ends_alices_cluster_within_its_lease_nothing_left(alice,
     wait_for(lambda: not in_queue(server_job), 60, "the server's job to end")
     gone_after = wait_until_nothing_left(cluster["job_id"], job_dir, timeout=IDLE + 60)
     assert time.monotonic() - stopped <= IDLE + 60
-    record = record_of(alice.name, cluster["id"])
-    assert record["state"] not in ("PENDING", "STARTING", "READY", "CONNECTED"), record
+    listed = subprocess.run(
+        [*runuser(alice.name), f"{user_venv()}/bin/jupyter", "slurm-ray", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (line,) = [line for line in listed.stdout.splitlines() if cluster["id"] in line]
+    assert not re.search(r"\b(PENDING|STARTING|READY|CONNECTED)\b", line), listed.stdout
+    forget_record(alice.name, cluster["id"])
     record_figure(
         "Stop My Server in JupyterHub",
         cluster_gone_after_s=round(gone_after, 1),

@@ -24,7 +24,15 @@ import requests
 
 from .helpers.clusters import wait_until_nothing_left
 from .helpers.faults import record_figure
-from .helpers.hub import OOD_PORT, jobs_cli, login_node_address, record_of, script, service
+from .helpers.hub import (
+    OOD_PORT,
+    forget_record,
+    jobs_cli,
+    login_node_address,
+    record_of,
+    service,
+    user_venv,
+)
 from .helpers.jobs import in_queue
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
@@ -75,7 +83,7 @@ def apache() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def jupyter(apache, testbed) -> Iterator[OodJupyter]:
-    venv = script("user-venv").strip()
+    venv = user_venv()
     token = secrets.token_hex(24)
     environment = [
         "ALL",
@@ -143,6 +151,7 @@ def cluster(jupyter: OodJupyter) -> Iterator[dict[str, Any]]:
         job_dir = record_of(jupyter.user, view["id"])["job_dir"]
         jupyter.call("DELETE", f"{API}/{view['id']}")
         wait_until_nothing_left(view["job_id"], job_dir, timeout=60)
+        forget_record(jupyter.user, view["id"])
 
 
 def test_jupyterlab_and_the_clusters_api_answer_under_oods_node_url(jupyter):

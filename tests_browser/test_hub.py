@@ -8,7 +8,6 @@ bob, logged in to the same hub, sees none of it and reaches none of it. Screensh
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,7 +19,14 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.helpers.clusters import wait_until_nothing_left
-from tests.helpers.hub import HubUser, login_node_address, script, service, user_state_dir
+from tests.helpers.hub import (
+    HubUser,
+    login_node_address,
+    record_of,
+    script,
+    service,
+    user_records,
+)
 
 NOTEBOOK = "jsr-hub-demo.ipynb"
 NAME = "hubdemo"
@@ -126,7 +132,8 @@ def test_alice_brings_a_cluster_up_from_a_notebook_on_her_hub_server_and_stops_i
     page.wait_for_timeout(1000)
     page.screenshot(path=str(artifacts / "hub-dashboard.png"))
 
-    record = _record(testbed_user, cluster_id)
+    assert cluster_id
+    record = record_of(testbed_user, cluster_id)
     open_sidebar(page)
     item.get_by_role("button", name="Stop").click()
     confirm = page.locator(".jp-Dialog .jp-mod-accept")
@@ -141,15 +148,10 @@ def test_alice_brings_a_cluster_up_from_a_notebook_on_her_hub_server_and_stops_i
     page.context.close()
 
 
-def _record(user: str, cluster_id: str | None) -> dict:
-    assert cluster_id
-    return json.loads((user_state_dir(user) / f"{cluster_id}.json").read_text())
-
-
 def test_bob_on_the_same_hub_sees_none_of_alices_clusters(
     browser: Browser, hub, users, testbed_user, artifacts
 ):
-    alice_ids = {p.stem for p in user_state_dir(testbed_user).glob("*.json")}
+    alice_ids = {p.stem for p in user_records(testbed_user).glob("*.json")}
     assert alice_ids, "alice's server recorded no cluster"
     bob = os.environ["JSR_USER2"]
     page = log_in(browser, hub, bob)

@@ -47,6 +47,11 @@ def script(name: str, *args: str, timeout: float = 900) -> str:
     return done.stdout
 
 
+def user_venv() -> str:
+    """The users' Jupyter environment (``scripts/user-venv``: made once, then kept)."""
+    return script("user-venv").strip()
+
+
 def _running(name: str) -> bool:
     status = [str(REPO / "scripts" / name), "status"]
     return subprocess.run(status, capture_output=True, check=False).returncode == 0
@@ -65,13 +70,19 @@ def service(name: str) -> Iterator[None]:
             script(name, "down")
 
 
-def user_state_dir(user: str) -> Path:
+def user_records(user: str) -> Path:
     """Where a user's Jupyter server keeps its cluster records (the registry's default)."""
-    return Path(pwd.getpwnam(user).pw_dir) / ".local" / "share" / "jupyter" / "slurm_ray"
+    home = Path(pwd.getpwnam(user).pw_dir)
+    return home / ".local" / "share" / "jupyter" / "slurm_ray" / "clusters"
 
 
 def record_of(user: str, cluster_id: str) -> dict[str, Any]:
-    return json.loads((user_state_dir(user) / f"{cluster_id}.json").read_text())
+    return json.loads((user_records(user) / f"{cluster_id}.json").read_text())
+
+
+def forget_record(user: str, cluster_id: str) -> None:
+    """Remove an ended cluster's record from the user's registry (what Forget does)."""
+    (user_records(user) / f"{cluster_id}.json").unlink(missing_ok=True)
 
 
 class HubUser:
