@@ -49,6 +49,7 @@ def notebook(testbed_user) -> Iterator[Path]:
         f"%slurm_ray up -N 2 -t 3 --name {NAME}",
     ]
     book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)"}
     path = home / NOTEBOOK
     nbformat.write(book, path)
     shutil.chown(path, testbed_user, testbed_user)
