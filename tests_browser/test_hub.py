@@ -21,6 +21,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.helpers.clusters import wait_until_nothing_left
 from tests.helpers.hub import (
     HubUser,
+    forget_record,
     login_node_address,
     record_of,
     script,
@@ -92,8 +93,17 @@ def users(testbed_user) -> Iterator[dict[str, HubUser]]:
         user.remove_server_logs()
 
 
+@pytest.fixture(scope="module")
+def forgotten(testbed_user) -> Iterator[list[str]]:
+    """Ids of alice's ended clusters whose records go once bob has looked."""
+    ids: list[str] = []
+    yield ids
+    for cluster_id in ids:
+        forget_record(testbed_user, cluster_id)
+
+
 def test_alice_brings_a_cluster_up_from_a_notebook_on_her_hub_server_and_stops_it(
-    browser: Browser, hub, notebook, users, testbed_user, artifacts
+    browser: Browser, hub, notebook, users, testbed_user, artifacts, forgotten
 ):
     page = log_in(browser, hub, testbed_user)
     server_up(page, testbed_user)
@@ -145,6 +155,7 @@ def test_alice_brings_a_cluster_up_from_a_notebook_on_her_hub_server_and_stops_i
     )
     wait_until_nothing_left(record["job_id"], record["job_dir"], timeout=60)
     page.screenshot(path=str(artifacts / "hub-stopped.png"))
+    forgotten.append(cluster_id)
     assert users[testbed_user].server_jobs() == [server_job]  # her server still runs
     page.context.close()
 
