@@ -83,6 +83,7 @@ def record_of(user: str, cluster_id: str) -> dict[str, Any]:
 def forget_record(user: str, cluster_id: str) -> None:
     """Remove an ended cluster's record from the user's registry (what Forget does)."""
     (user_records(user) / f"{cluster_id}.json").unlink(missing_ok=True)
+    (user_records(user).parent / "tokens" / cluster_id).unlink(missing_ok=True)
 
 
 class HubUser:
