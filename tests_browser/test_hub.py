@@ -56,6 +56,9 @@ def notebook(testbed_user) -> Iterator[Path]:
     shutil.chown(path, testbed_user, testbed_user)
     yield path
     path.unlink(missing_ok=True)
+    (home / ".ipynb_checkpoints" / NOTEBOOK.replace(".ipynb", "-checkpoint.ipynb")).unlink(
+        missing_ok=True
+    )
 
 
 def log_in(browser: Browser, hub: str, user: str) -> Page:
