@@ -1,6 +1,7 @@
 """``doctor``: is this site ready for a cluster? A checklist, each line ✓ or ✗ with its fix.
 
-From the login side: SSH (SSH mode), Slurm answers, the request fits the partition and the
+From the login side: SSH (SSH mode), Slurm answers, sbatch is there (a compute node may have
+none: SSH mode to a login node then), the request fits the partition and the
 accounting (``sitecheck``), the job dir root is safely owned (``jobdir.probe_site``), the
 extensions are enabled. From a compute node, with one short test job (``doctor_job``): the
 cluster's Python runs there with the same Ray and Python minor version as this kernel (and how
@@ -13,6 +14,7 @@ Shown as a table in a notebook, plain text in a terminal, JSON for scripts and t
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from typing import Any
@@ -22,7 +24,7 @@ from .accounting import load_accounting
 from .connect import local_versions
 from .doctor_job import NodeReport, run_test_job
 from .doctor_report import Check, Report
-from .errors import SlurmRayError, SpecError
+from .errors import SlurmRayError, SpecError, TransportError
 from .jobdir import (
     KernelEnvironment,
     Site,
@@ -54,6 +56,10 @@ async def run_doctor(
     ssh_ok = await _check_ssh(transport, add)
     partitions = await _check_slurm(transport, add) if ssh_ok else None
     slurm_ok = partitions is not None
+    if ssh_ok:
+        await _check_submit(transport, add)
+    else:
+        add(_check("submit", "skip", "not checked: no connection"))
     if slurm_ok:
         await _check_request(spec, transport, partitions or [], add)
     else:
@@ -91,7 +97,8 @@ async def run_doctor(
     add(_address_check(spec, node))
     add(extensions_check(server_extension_running))
     order = [
-        "ssh", "slurm", "request", "job_dir", "test_job", "python", "ray", "address", "extensions"
+        "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
+        "extensions",
     ]  # fmt: skip
     report.checks.sort(key=lambda check: order.index(check.name))
     return report
@@ -100,6 +107,7 @@ async def run_doctor(
 _TITLES = {
     "ssh": "SSH to the login node",
     "slurm": "Slurm answers",
+    "submit": "Jobs can be submitted from here (sbatch)",
     "request": "The request fits the site",
     "job_dir": "Job dir root: yours, shared with the nodes",
     "test_job": "A test job runs",
@@ -125,6 +133,13 @@ _FIXES = {
         "if Slurm is on another machine, set login_host to reach it over SSH"
     ),
 }
+
+
+_SSH_MODE_FIX = (
+    "submit from a login node instead, over SSH: set login_host (and login_user, ssh_key, "
+    'known_hosts), e.g. %config SlurmRay.login_host = "login1" (README: Configuration and '
+    "profiles, nested submission)"
+)
 
 
 def _failed(name: str, exc: SlurmRayError) -> Check:
@@ -155,6 +170,30 @@ async def _check_slurm(transport: Transport, add: Any) -> list[Any] | None:
     names = ", ".join(p.name + ("*" if p.is_default else "") for p in partitions) or "none"
     add(_check("slurm", "ok", f"sinfo and squeue answer; partitions: {names}"))
     return partitions
+
+
+async def _check_submit(transport: Transport, add: Any) -> None:
+    """``sbatch --version`` where the cluster's job would be submitted; a kernel inside a
+    Slurm job is told so (its job's variables are kept out of the package's Slurm commands)."""
+    here = isinstance(transport, LocalTransport)
+    outer = os.environ.get("SLURM_JOB_ID") if here else None
+    where = f"inside Slurm job {outer} on this node" if outer else transport.target
+    try:
+        result = await transport.run(["sbatch", "--version"], check=False, timeout=30)
+        status, said = result.returncode, (result.stdout or result.stderr).strip()
+    except TransportError as exc:  # not started (not installed here), or no answer
+        status, said = 127, str(exc)
+    if status == 127:
+        fix = _SSH_MODE_FIX if here else "set login_host to a login node that has Slurm's sbatch"
+        add(_check("submit", "fail", f"no sbatch {where}: {said or 'not found'}", fix))
+        return
+    if status != 0:
+        add(_check("submit", "fail", f"sbatch --version failed {where}: {said}", _FIXES["slurm"]))
+        return
+    detail = f"{said.splitlines()[0] if said else 'sbatch'} {where}"
+    if outer:
+        detail += " (its SLURM_* variables are kept out of the cluster's request)"
+    add(_check("submit", "ok", detail))
 
 
 async def _check_request(

@@ -1,9 +1,15 @@
 """How commands reach the cluster side: a local subprocess or one reused asyncssh connection.
 
 Every operation is an argv list. Over SSH the argv is joined with ``shlex.join`` (the remote
-side always runs a shell), so no user value is ever interpolated into a shell string unquoted.
+side always runs a shell, see :func:`remote_command`), so no user value is ever interpolated
+into a shell string unquoted.
 File operations are small constant shell programs that take paths and modes as positional
 arguments, so both transports share one implementation of them.
+
+Every command runs without the Slurm variables of the environment it is started from (the
+kernel's, or the login node's shell over SSH), ``SLURM_CONF`` excepted: a kernel inside a Slurm
+job (batchspawner, Open OnDemand) must not pass its own job's memory, CPUs, binding or id on to
+the requests it makes (``bootstrap/slurmenv.py`` says which and why).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from .bootstrap.slurmenv import INPUT_NAMES, INPUT_PREFIXES, KEPT, command_environment
 from .errors import CommandError, TransportError
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,14 @@ _UNPACK = (
     'base64 -d | tar -x -f - -C "$1" --no-same-owner --no-same-permissions'
 )
 _PRINT_HOME = 'printf %s "$HOME"'
+# Over SSH: the command in "$@", without the login shell's Slurm variables (the same rule as
+# slurmenv.command_environment outside a job of ours; its names are constants, not input).
+_WITHOUT_SLURM_VARIABLES = (
+    "for jsr_v in $(env | sed -n 's/^\\([A-Za-z_][A-Za-z0-9_]*\\)=.*/\\1/p'); do "
+    f"case $jsr_v in {'|'.join(sorted(KEPT))}) ;; "
+    f"{'|'.join([*(prefix + '*' for prefix in INPUT_PREFIXES), *sorted(INPUT_NAMES)])}) "
+    'unset "$jsr_v" ;; esac; done; exec "$@"'
+)
 _CHUNK = 1 << 20  # bytes per write when sending a file
 _SEND_TIMEOUT = 600.0  # s without progress while sending a file
 
@@ -246,6 +261,7 @@ class LocalTransport(Transport):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd="/",
+                env=_without_slurm_variables(),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -266,6 +282,7 @@ class LocalTransport(Transport):
         proc = await asyncio.create_subprocess_exec(
             *self.command_prefix, *argv, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd="/",
+            env=_without_slurm_variables(),
         )  # fmt: skip
         assert proc.stdin is not None
         try:
@@ -284,6 +301,17 @@ class LocalTransport(Transport):
     async def forward(self, remote_host: str, remote_port: int) -> Forward:
         # On the login node the cluster network is reachable directly.
         return Forward(remote_host, remote_port, remote_host, remote_port, direct=True)
+
+
+def _without_slurm_variables() -> dict[str, str]:
+    """This process's environment for a command: no Slurm variable but SLURM_CONF."""
+    return command_environment(os.environ, in_own_job=False)
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """The command line an SSH server runs for ``argv``: quoted, and started without the
+    login shell's Slurm variables (a login node's shell may itself be inside a job)."""
+    return shlex.join(["sh", "-c", _WITHOUT_SLURM_VARIABLES, "sh", *argv])
 
 
 def _text(data: bytes) -> str:
@@ -414,7 +442,7 @@ class SSHTransport(Transport):
     async def _execute(self, argv: list[str], input: str | None, timeout: float) -> CommandResult:
         import asyncssh
 
-        command = shlex.join(argv)
+        command = remote_command(argv)
         for attempt in (1, 2):
             conn = await self._connection()
             try:
@@ -461,7 +489,7 @@ class SSHTransport(Transport):
 
         conn = await self._connection()
         try:
-            proc = await conn.create_process(shlex.join(argv), encoding=None)
+            proc = await conn.create_process(remote_command(argv), encoding=None)
             for data in chunks:
                 proc.stdin.write(data)
                 await asyncio.wait_for(proc.stdin.drain(), _SEND_TIMEOUT)

@@ -17,6 +17,7 @@ from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
 from nodewatch import NodeWatch
 from rayargs import ray_environment, ray_versions, require_command
+from slurmenv import own_job_environment
 from workerstep import WorkerStep
 
 WATCH_PERIOD = 2.0  # node-count poll period once ready (s)
@@ -164,7 +165,7 @@ class HeadRun(NodeRun):
         once head.json is gone; this is sooner)."""
         scancel = shutil.which("scancel")
         if self.worker_jobs and scancel:
-            run_text([scancel, *sorted(self.worker_jobs)], timeout=10)
+            run_text([scancel, *sorted(self.worker_jobs)], timeout=10, env=own_job_environment())
 
     # ----- start
 

@@ -7,6 +7,7 @@ import socket
 import subprocess
 
 from jsr_base import BootstrapError, Config, run_text
+from slurmenv import own_job_environment
 
 
 def ipv4_addresses(ip_output: str) -> list[str]:
@@ -94,4 +95,4 @@ def node_address(config: Config, toward: str | None) -> str:
 
 
 def slurmctld_address() -> str | None:
-    return slurmctld_host(run_text(["scontrol", "show", "config"]))
+    return slurmctld_host(run_text(["scontrol", "show", "config"], env=own_job_environment()))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from jsr_base import LOG_LINES, short_hostname, tail
 from procgroups import die_with_parent, stop_processes
+from slurmenv import own_job_environment
 
 
 def worker_step_cpus(env: dict[str, str]) -> int | None:
@@ -32,6 +32,8 @@ def worker_step_argv(srun: str, job_dir: Path, workers: int, env: dict[str, str]
 
     --export=ALL: a job submitted with --export=NAME,... has SLURM_EXPORT_ENV set, and srun
     would pass on only those names instead of what the setup lines built in the batch shell.
+    ``env`` is srun's environment: the job's own, without Slurm input variables from outside
+    (slurmenv.py).
     """
     argv = [
         srun, "--overlap", f"--nodes={workers}", f"--ntasks={workers}", "--ntasks-per-node=1",
@@ -52,10 +54,11 @@ class WorkerStep:
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self, srun: str, job_dir: Path, workers: int) -> None:
-        argv = worker_step_argv(srun, job_dir, workers, dict(os.environ))
+        env = own_job_environment()
+        argv = worker_step_argv(srun, job_dir, workers, env)
         with open(self.logs / "srun-workers.log", "ab") as log:
             self.popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, preexec_fn=die_with_parent,
             )  # fmt: skip
 

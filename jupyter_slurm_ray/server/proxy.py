@@ -406,9 +406,18 @@ class _DashboardProxy(ProxyHandler):
     def _from_backend(self, message: str | bytes | None) -> None:
         self._record_activity()
         if message is None:
-            self.close()
+            self._close_like_backend()
         else:
             self.write_message(message, binary=isinstance(message, bytes))
+
+    def _close_like_backend(self) -> None:
+        """Close the browser's side with the head's close code and reason: Ray's Jobs CLI
+        (aiohttp) takes a close without a code for a lost connection (1006) and fails the
+        ``ray job submit`` whose log tail just ended normally."""
+        backend = getattr(self, "ws", None)
+        code = getattr(backend, "close_code", None)
+        reason = getattr(backend, "close_reason", None) if code is not None else None
+        self.close(code, reason)
 
     def _ping_from_backend(self, data: bytes) -> None:
         self._record_activity()

@@ -19,7 +19,7 @@ import pytest
 
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.connect import local_versions
-from jupyter_slurm_ray.doctor import Report, _pack_check, run_doctor
+from jupyter_slurm_ray.doctor import Report, _check_submit, _pack_check, run_doctor
 from jupyter_slurm_ray.doctor_job import NodeReport
 from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.jobdir import (
@@ -73,7 +73,7 @@ class NodeHere(FakeTransport):
                 step[4] = step[4].replace(*self.node_root)
             return await super().run(step, input=input, timeout=timeout, check=check)
         result = await super().run(argv, input=input, timeout=timeout, check=check)
-        if self.start and "sbatch" in argv:
+        if self.start and "sbatch" in argv and "--version" not in argv:
             self.slurm.run(result.stdout.strip(), nodes="node1")
         return result
 
@@ -136,7 +136,8 @@ async def test_the_report_is_a_table_text_and_json(transport, jobs_root):
     data = json.loads(report.to_json())
     assert data["ok"] is True
     assert [c["name"] for c in data["checks"]] == [
-        "ssh", "slurm", "request", "job_dir", "test_job", "python", "ray", "address", "extensions"
+        "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
+        "extensions",
     ]  # fmt: skip
 
 
@@ -351,3 +352,50 @@ def test_a_packs_base_python_missing_on_the_node_is_a_failure_with_its_fix() -> 
     )
     conda = _pack_check(NodeReport(python={"python": "3.11.2"}))
     assert conda.status == "ok" and "from the pack" in conda.detail
+
+
+# -- where jobs are submitted from: a kernel inside a Slurm job ----------------------------------
+class NoSbatchHere(NodeHere):
+    """A compute node whose site keeps sbatch on the login nodes (sinfo and squeue answer)."""
+
+    async def run(self, argv, *, input=None, timeout=DEFAULT_TIMEOUT, check=True):
+        if argv and argv[0] == "sbatch":
+            self.commands.append(tuple(argv))
+            return CommandResult(tuple(argv), 127, "", "sh: 1: sbatch: not found")
+        return await super().run(argv, input=input, timeout=timeout, check=check)
+
+
+async def test_no_sbatch_on_this_node_fails_the_submit_check_and_says_to_use_ssh_mode(
+    slurm, jobs_root, monkeypatch
+):
+    monkeypatch.setenv("SLURM_JOB_ID", "41")  # a kernel inside a notebook's job
+    report = await run_doctor(spec(jobs_root), NoSbatchHere(slurm), queue_timeout=1)
+    check = report.check("submit")
+    assert check.status == "fail", report.text()
+    assert check.detail == "no sbatch inside Slurm job 41 on this node: sh: 1: sbatch: not found"
+    assert "login_host" in check.fix and "over SSH" in check.fix
+
+
+async def test_a_kernel_inside_a_slurm_job_is_told_its_variables_stay_out(
+    transport, jobs_root, monkeypatch
+):
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    report = await run_doctor(spec(jobs_root), transport, queue_timeout=1)
+    check = report.check("submit")
+    assert check.status == "ok", report.text()
+    assert check.detail == (
+        "slurm 22.05.8 inside Slurm job 41 on this node "
+        "(its SLURM_* variables are kept out of the cluster's request)"
+    )
+
+
+async def test_over_ssh_no_sbatch_on_the_login_node_names_login_host():
+    class LoginWithoutSlurm(SSHTransport):
+        async def run(self, argv, *, input=None, timeout=DEFAULT_TIMEOUT, check=True):
+            return CommandResult(tuple(argv), 127, "", "bash: line 1: sbatch: command not found")
+
+    checks: list = []
+    await _check_submit(LoginWithoutSlurm("login.example"), checks.append)
+    (check,) = checks
+    assert check.status == "fail" and check.detail.startswith("no sbatch ssh://login.example:")
+    assert check.fix == "set login_host to a login node that has Slurm's sbatch"
