@@ -28,6 +28,7 @@ from tornado import httputil, web
 from tornado.routing import PathMatches, Rule
 
 from ..errors import DashboardUnavailable, NotFound
+from .answers import Answer, HeadGone
 from .backends import DashboardBackend, DashboardBackends
 from .capabilities import (
     CapabilityRedacted,
@@ -35,7 +36,6 @@ from .capabilities import (
     SandboxedDashboardHandler,
     preflight_answered,
 )
-from .keepalive import Answer, HeadGone
 from .proxy import (
     _DROPPED_REQUEST_HEADERS,
     PREFIX,

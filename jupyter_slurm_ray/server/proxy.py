@@ -44,8 +44,8 @@ from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
 from ..errors import DashboardUnavailable, NotFound, SlurmRayError
+from .answers import Answer, BadAnswer, HeadGone, HeadSilent
 from .backends import DashboardBackend, DashboardBackends
-from .keepalive import Answer, BadAnswer, HeadGone, HeadSilent
 from .relay import record_activity, relay
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from tornado import httputil, iostream, web
 
-from .keepalive import Answer, HeadGone
+from .answers import Answer, HeadGone
 
 log = logging.getLogger(__name__)
 

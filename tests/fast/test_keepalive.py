@@ -1,6 +1,6 @@
-"""The proxy's kept-alive client to the heads (server/keepalive.py), against real HTTP servers
-on loopback: aiohttp's (the dashboard's own server) and a scripted head (raw asyncio,
-tests/helpers/scripted_head.py) for what no server does on purpose."""
+"""The proxy's kept-alive client to the heads (server/keepalive.py, server/answers.py),
+against real HTTP servers on loopback: aiohttp's (the dashboard's own server) and a scripted
+head (raw asyncio, tests/helpers/scripted_head.py) for what no server does on purpose."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from jupyter_slurm_ray.server.keepalive import (
+from jupyter_slurm_ray.server.answers import (
     Answer,
     BadAnswer,
     HeadGone,
     HeadSilent,
     HeadUnreachable,
-    KeepAliveClient,
-    Limits,
     end_to_end,
-    request_head,
 )
+from jupyter_slurm_ray.server.keepalive import KeepAliveClient, Limits, request_head
 
 from ..helpers.scripted_head import ScriptedHead, answer, chunk, sends, unanswered_listener
 
