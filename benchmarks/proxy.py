@@ -5,7 +5,9 @@ One run, one cluster (one node, one CPU) and one Jupyter server subprocess:
 - latency of ``api/cluster_status`` and of the dashboard index, through the proxy's two routes
   and direct to the head (medians of interleaved rounds, and the proxy/direct ratio);
 - requests per second through the proxy with 8 concurrent clients;
-- the Jupyter server process's memory (RSS, PSS) before and after 1,000 proxied requests.
+- the Jupyter server process's memory (RSS, PSS) before and after 1,000 proxied requests;
+- a large log download (Ray's ``api/v0/logs/file``, 200 MB by default) direct and through the
+  page route: MB/s of each, and the server's peak RSS growth while it streams.
 
 Run on the testbed's login node:
     scripts/testbed exec -- /opt/jupyter-slurm-ray/venv/bin/python benchmarks/proxy.py
@@ -14,6 +16,7 @@ Run on the testbed's login node:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -32,6 +35,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.results import write_result
+from jupyter_slurm_ray.aio import run_sync
 from tests.helpers.server import head_of, jupyter_server, start_cluster
 
 
@@ -103,7 +107,12 @@ def memory_mb(pid: int) -> tuple[float, float]:
 
 
 def main(
-    repeats: int, requests_for_memory: int, seconds: float, rounds: int, settle: float
+    repeats: int,
+    requests_for_memory: int,
+    seconds: float,
+    rounds: int,
+    settle: float,
+    download_mb: int,
 ) -> None:
     user = os.environ["JSR_USER"]
     with tempfile.TemporaryDirectory(prefix="jsr-bench-") as tmp:
@@ -111,7 +120,16 @@ def main(
         cluster = start_cluster(root / "state", user, "bench")
         try:
             with jupyter_server(root, user) as server:
-                run(server, cluster, repeats, requests_for_memory, seconds, rounds, settle)
+                run(
+                    server,
+                    cluster,
+                    repeats,
+                    requests_for_memory,
+                    seconds,
+                    rounds,
+                    settle,
+                    download_mb,
+                )
         finally:
             cluster.down()
 
@@ -129,6 +147,7 @@ def run(
     seconds: float,
     rounds: int,
     settle: float,
+    download_mb: int,
 ) -> None:
     """Every figure measured ``rounds`` times, the routes interleaved in each round (the
     machine's speed drifts by tens of percent within a minute here): medians of the rounds."""
@@ -200,7 +219,58 @@ def run(
         f"PSS {before_mb[1]:.1f} -> {after_mb[1]:.1f} MB"
     )
     figures["server RSS MB"] = {"before": before_mb[0], "after": after_mb[0]}
+    if download_mb:
+        figures["download"] = download(server, cluster, head, sandboxed, download_mb)
     write_result("proxy", figures)
+
+
+def download(server, cluster, head, sandboxed: str, size_mb: int) -> dict[str, float]:
+    """A log file of ``size_mb`` MB written in the head's log dir by the cluster's user,
+    downloaded direct and through the page route (each once; the server's peak RSS sampled)."""
+    connection = json.loads(
+        run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
+    )
+    path = f"{connection['temp_dir']}/session_latest/logs/jsr-bench-download.log"
+    line = "a line of the head's log, 0123456789 abcdefghijklmnopqrstuvwxyz"
+    script = 'yes "$1" | head -c "$2" > "$3"'
+    run_sync(cluster.transport.run(["sh", "-c", script, "sh", line, str(size_mb * 10**6), path]))
+    query = (
+        f"api/v0/logs/file?node_ip={head.info.head_ip}&filename={path.rsplit('/', 1)[1]}&lines=-1"
+    )
+    try:
+        direct_s, _ = timed_download(head.url + query, head.headers(), None)
+        page_s, growth = timed_download(sandboxed + query, {}, server.proc.pid)
+    finally:
+        run_sync(cluster.transport.run(["rm", "-f", "--", path]))
+    direct, page = size_mb / direct_s, size_mb / page_s
+    print(
+        f"{size_mb} MB log download: {direct:.0f} MB/s direct, {page:.0f} MB/s through the "
+        f"page route ({page / direct:.2f}); the server's RSS grew by {growth:.1f} MB at most"
+    )
+    return {"direct MB/s": direct, "page MB/s": page, "server RSS growth MB": growth}
+
+
+def timed_download(url: str, headers: dict[str, str], pid: int | None) -> tuple[float, float]:
+    """Seconds to read the whole answer, and (with ``pid``) that process's peak RSS growth."""
+    baseline = peak = psutil.Process(pid).memory_info().rss if pid else 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while pid and not done.wait(0.02):
+            peak = max(peak, psutil.Process(pid).memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    with requests.get(url, headers=headers, stream=True, timeout=60) as response:
+        response.raise_for_status()
+        for _ in response.iter_content(chunk_size=2**20):
+            pass
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    return seconds, (peak - baseline) / 2**20
 
 
 if __name__ == "__main__":
@@ -210,5 +280,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settle", type=float, default=45.0, help="seconds before measuring")
+    parser.add_argument("--download-mb", type=int, default=200, help="0: no download")
     args = parser.parse_args()
-    main(args.repeats, args.requests, args.seconds, args.rounds, args.settle)
+    main(args.repeats, args.requests, args.seconds, args.rounds, args.settle, args.download_mb)

@@ -17,6 +17,7 @@ import re
 import secrets
 import shutil
 import socketserver
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -31,8 +32,10 @@ import pytest
 import requests
 import websocket
 
+from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 
+from .helpers.faults import record_figure
 from .helpers.jobs import last_state
 from .helpers.server import (
     Head,
@@ -43,7 +46,7 @@ from .helpers.server import (
     jupyter_server,
     start_cluster,
 )
-from .helpers.testbed import ssh_transport
+from .helpers.testbed import runuser, ssh_transport
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -275,6 +278,163 @@ def test_a_compressing_browser_websocket_still_works(server, cluster):
     finally:
         ws.close()
     assert "compressed-ok" in text
+
+
+# -- big and endless answers stream through: Ray's log API -----------------------------------
+LOG_LINE = "a line of the head's log, 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOP"
+
+
+def ray_log_dir(cluster) -> str:
+    """The head's Ray log directory (the dashboard serves its files through its log API)."""
+    text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
+    return f"{json.loads(text)['temp_dir']}/session_latest/logs"
+
+
+def as_cluster_user(cluster, script: str, *args: str) -> None:
+    """``sh -c script`` as the cluster's user (the head runs as that user)."""
+    run_sync(cluster.transport.run(["sh", "-c", script, "sh", *args]))
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+class PeakRss(threading.Thread):
+    """The highest RSS of a process, sampled every 20 ms while running."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self._stop_sampling = pid, rss_mb(pid), threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_sampling.wait(0.02):
+            self.peak = max(self.peak, rss_mb(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_sampling.set()
+        self.join(5)
+
+
+@pytest.fixture(scope="module")
+def big_log(cluster) -> Iterator[tuple[str, int]]:
+    """A 200 MB log file in the head's log directory, written by the cluster's user."""
+    name, size = "jsr-proxy-big.log", 200_000_000
+    path = f"{ray_log_dir(cluster)}/{name}"
+    as_cluster_user(cluster, 'yes "$1" | head -c "$2" > "$3"', LOG_LINE, str(size), path)
+    yield name, size
+    as_cluster_user(cluster, 'rm -f -- "$1"', path)
+
+
+@pytest.mark.parametrize("route", ["page", "token"])
+def test_a_200_mb_log_streams_through_without_growing_the_server(
+    server, cluster, head, big_log, route
+):
+    """Ray's log download (``api/v0/logs/file``, chunked, no length) through the proxy: the
+    Jupyter server's RSS grows by less than 20 MB, even while the browser stops reading for
+    a while (a proxy that buffered would hold the rest meanwhile)."""
+    name, size = big_log
+    query = f"api/v0/logs/file?node_ip={head.info.head_ip}&filename={name}&lines=-1"
+    if route == "page":
+        url, headers = link_of(server, cluster.id) + query, {}
+    else:
+        url, headers = server.url + dashboard(cluster) + query, server.headers()
+    requests.get(url.replace(query, "api/version"), headers=headers, timeout=30)  # warm up
+    baseline = rss_mb(server.proc.pid)
+    received, paused, started = 0, False, time.monotonic()
+    with (
+        PeakRss(server.proc.pid) as rss,
+        requests.get(url, headers=headers, stream=True, timeout=60) as response,
+    ):
+        assert response.status_code == 200, response.text[:500]
+        for piece in response.iter_content(chunk_size=2**20):
+            received += len(piece)
+            if not paused and received > 20 * 2**20:
+                paused = True
+                time.sleep(3)  # the browser falls behind: the proxy must stop reading too
+    sandboxed = response.headers["Content-Security-Policy"]
+    assert sandboxed.startswith("sandbox") and response.headers["X-Content-Type-Options"]
+    seconds = time.monotonic() - started
+    record_figure(
+        f"proxy: 200 MB log download ({route} route)",
+        rss_growth_mb=round(rss.peak - baseline, 1),
+        seconds=round(seconds, 1),
+        mb_per_s=round(size / 1e6 / (seconds - 3), 1),
+    )
+    assert received == size
+    assert rss.peak - baseline < 20, f"RSS {baseline:.1f} -> peak {rss.peak:.1f} MB"
+
+
+@pytest.fixture
+def appended_log(cluster, testbed) -> Iterator[str]:
+    """A log file the cluster's user appends a timestamped line to every 0.5 s for 60 s."""
+    name = f"jsr-proxy-follow-{os.getpid()}.log"
+    path = f"{ray_log_dir(cluster)}/{name}"
+    writer = (
+        "import sys, time\n"
+        "for i in range(120):\n"
+        "    with open(sys.argv[1], 'a') as log:\n"
+        "        log.write(f'tick {i} {time.time():.3f}\\n')\n"
+        "    time.sleep(0.5)\n"
+    )
+    argv = [*runuser(testbed.user), "python3", "-c", writer, path]
+    appender = subprocess.Popen(argv)
+    try:
+        wait_for(lambda: appender.poll() is None and log_exists(cluster, path), 10, "the log")
+        yield name
+    finally:
+        appender.terminate()
+        appender.wait(10)
+        as_cluster_user(cluster, 'rm -f -- "$1"', path)
+
+
+def log_exists(cluster, path: str) -> bool:
+    done = run_sync(cluster.transport.run(["test", "-s", path], check=False))
+    return done.returncode == 0
+
+
+def test_a_never_ending_log_stream_passes_for_30_s_line_by_line(
+    server, cluster, head, appended_log
+):
+    """``api/v0/logs/stream`` (Ray follows the file, never ends) through the capability route
+    for 30 s: the answer is not cut, and each line arrives while the stream runs, soon after it
+    was written (a proxy that buffered would hold them all, or time out)."""
+    query = (
+        f"api/v0/logs/stream?node_ip={head.info.head_ip}&filename={appended_log}"
+        "&lines=1&interval=0.5"
+    )
+    arrivals: list[tuple[float, bytes]] = []
+    started = time.monotonic()
+    with requests.get(link_of(server, cluster.id) + query, stream=True, timeout=60) as response:
+        assert response.status_code == 200, response.text[:500]
+        pieces = response.iter_content(chunk_size=None)
+        while time.monotonic() - started < 30:
+            piece = next(pieces)  # StopIteration: the stream ended (it must not)
+            arrivals.append((time.time(), piece))
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    lines = re.findall(rb"tick (\d+) ([0-9.]+)\n", b"".join(p for _, p in arrivals))
+    assert len(lines) >= 40, lines[-3:]  # 0.5 s apart: about 60 in 30 s
+    numbers = [int(n) for n, _ in lines]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # none lost
+    lags = []
+    for arrived, piece in arrivals:
+        for _, written in re.findall(rb"tick (\d+) ([0-9.]+)\n", piece):
+            lags.append(arrived - float(written))
+    record_figure(
+        "proxy: never-ending log stream",
+        seconds=30,
+        lines=len(lines),
+        max_lag_s=round(max(lags), 2),
+        median_lag_s=round(statistics.median(lags), 2),
+    )
+    assert max(lags) < 10, f"lines arrived up to {max(lags):.1f} s after being written"
+    spread = arrivals[-1][0] - arrivals[0][0]
+    assert spread > 25, f"all the lines arrived within {spread:.1f} s"
 
 
 # -- SSH mode ---------------------------------------------------------------------------------

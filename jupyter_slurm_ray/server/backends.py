@@ -71,6 +71,7 @@ class DashboardBackends:
         registry: Registry,
         transport_for: TransportLookup,
         status_of: StatusLookup | None = None,
+        client: KeepAliveClient | None = None,
     ) -> None:
         self.registry = registry
         self._transport_for = transport_for
@@ -79,7 +80,7 @@ class DashboardBackends:
         self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, tuple[tuple[int, int, int], ClusterRecord]] = {}
         self._live_until: dict[str, tuple[ClusterRecord, float]] = {}  # not ended, until then
-        self.client = KeepAliveClient()  # the proxy's connections to the heads
+        self.client = client or KeepAliveClient()  # the proxy's connections to the heads
 
     async def resolve(self, cluster_id: str) -> DashboardBackend:
         record = self._record(cluster_id)
@@ -95,10 +96,13 @@ class DashboardBackends:
             except UnknownTarget as exc:
                 raise DashboardUnavailable(f"cluster {record.name}: {exc}") from None
             if cached is None or cached.job_id != record.job_id:
+                if cached is not None:  # a new job (requeued): not the old one's forward
+                    self._release(cached)
                 cached = await self._load(record, transport)
                 self._cache[cluster_id] = cached
             if not cached.forward.is_open:
                 # Our listener was closed: never let the token go to a port we do not hold.
+                self._release(cached)
                 info = cached.info
                 cached.forward = await transport.forward(info.head_ip, info.dashboard_port)
         fwd = cached.forward
@@ -118,10 +122,16 @@ class DashboardBackends:
             )
 
     def forget(self, cluster_id: str) -> None:
+        """Read the cluster's backend afresh next time: its forward closed, and the proxy's
+        kept-alive connections to it (idle ones now, the others when their answer ends)."""
         self._live_until.pop(cluster_id, None)
         cached = self._cache.pop(cluster_id, None)
         if cached is not None:
-            cached.forward.close()
+            self._release(cached)
+
+    def _release(self, cached: _Cached) -> None:
+        self.client.drop(cached.forward.local_host, cached.forward.local_port)
+        cached.forward.close()
 
     def _record(self, cluster_id: str) -> ClusterRecord:
         """The record, read again only when its file changed (one stat per request)."""

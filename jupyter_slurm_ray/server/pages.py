@@ -1,23 +1,23 @@
 """The sandboxed dashboard's plain HTTP requests, served on a short path.
 
 Every request the dashboard's page makes (``api/cluster_status`` every few seconds, its assets,
-its job list) goes to ``/slurm-ray/dashboard/<id>/~<capability>/…`` (see ``capabilities.py``).
-Through jupyter-server-proxy's handler each of them paid for what this route does not use:
-Jupyter's login machinery, a websocket-capable handler, Tornado's default headers, an INFO log
-line. This handler is a plain Tornado ``RequestHandler`` that does only what the route needs:
-Jupyter's ``Host`` check, the capability, the backend from the registry (cached per record
-change), one kept-alive request to the head, and the same response rules as ``proxy.py``
-(credentials stripped, Ray token added, no ``Set-Cookie``, sandbox policy, CORS for the opaque
+its job list, log downloads and log streams) goes to ``/slurm-ray/dashboard/<id>/~<capability>/…``
+(see ``capabilities.py``). Through jupyter-server-proxy's handler each of them paid for what this
+route does not use: Jupyter's login machinery, a websocket-capable handler, Tornado's default
+headers, an INFO log line. This handler is a plain Tornado ``RequestHandler`` that does only what
+the route needs: Jupyter's ``Host`` check, the capability, the backend from the registry (cached
+per record change), one request over the kept-alive connections, and the answer relayed as it
+arrives (``relay.py``) with ``proxy.py``'s response rules (credentials stripped, Ray token
+added, no ``Set-Cookie``, sandbox policy and ``nosniff`` on every response, CORS for the opaque
 origin, storage shim, redirects kept under the route).
 
-Websockets and event streams on the same URLs still go to ``SandboxedDashboardHandler``: see
-:func:`page_rules`, which routes on the ``Upgrade`` and ``Accept`` headers.
+Websockets on the same URLs go to ``SandboxedDashboardHandler`` (jupyter-server-proxy's): see
+:func:`page_rules`, which routes on the ``Upgrade`` header.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +28,7 @@ from tornado import httputil, web
 from tornado.routing import PathMatches, Rule
 
 from ..errors import DashboardUnavailable, NotFound
+from .answers import Answer, HeadGone
 from .backends import DashboardBackend, DashboardBackends
 from .capabilities import (
     CapabilityRedacted,
@@ -35,51 +36,39 @@ from .capabilities import (
     SandboxedDashboardHandler,
     preflight_answered,
 )
-from .keepalive import HeadGone, Reply
 from .proxy import (
     _DROPPED_REQUEST_HEADERS,
-    _HOP_BY_HOP_REQUEST,
     PREFIX,
-    SANDBOX_POLICY,
+    ROUTE_HEADERS,
     DashboardError,
-    backend_failed,
     backend_target,
     error_page,
+    head_failed,
     unavailable,
-    with_storage_shim,
 )
+from .relay import record_activity, relay
 
 log = logging.getLogger(__name__)
 
-_NOT_RELAYED = frozenset(
-    {"content-length", "transfer-encoding", "connection", "keep-alive", "set-cookie", "date"}
-)
-_NOT_FORWARDED = frozenset(
-    name.lower() for name in (*_DROPPED_REQUEST_HEADERS, *_HOP_BY_HOP_REQUEST)
-)
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_NOT_FORWARDED = frozenset(name.lower() for name in _DROPPED_REQUEST_HEADERS)
 
 
-class _Streams(PathMatches):
-    """The route's websockets and event streams: they need the full proxy handler."""
+class _Websockets(PathMatches):
+    """The route's websockets: they need jupyter-server-proxy's handler."""
 
     def match(self, request: httputil.HTTPServerRequest) -> dict[str, Any] | None:
-        headers = request.headers
-        streaming = (
-            headers.get("Upgrade", "").lower() == "websocket"
-            or headers.get("Accept") == "text/event-stream"
-        )
-        return super().match(request) if streaming else None
+        upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+        return super().match(request) if upgrade else None
 
 
 def page_rules(
     prefix: str, backends: DashboardBackends, capabilities: DashboardCapabilities
 ) -> list[Rule]:
-    """The capability route: streams to ``SandboxedDashboardHandler``, the rest here."""
+    """The capability route: websockets to ``SandboxedDashboardHandler``, the rest here."""
     pattern = f"{prefix}/([^/]+)/~([^/]*)(/.*)?"
     kwargs = {"backends": backends, "capabilities": capabilities}
     return [
-        Rule(_Streams(pattern), SandboxedDashboardHandler, kwargs),
+        Rule(_Websockets(pattern), SandboxedDashboardHandler, kwargs),
         Rule(PathMatches(pattern), DashboardPageHandler, kwargs),
     ]
 
@@ -89,6 +78,7 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
     capability alone (Jupyter's login is neither needed nor used; its ``Host`` check is)."""
 
     backend: DashboardBackend | None = None
+    answer: Answer | None = None  # the head's, while it is relayed
 
     def initialize(self, backends: DashboardBackends, capabilities: DashboardCapabilities) -> None:
         self.backends = backends
@@ -118,6 +108,7 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
             )
         if path is None:  # the dashboard's relative links need the slash
             query = f"?{self.request.query}" if self.request.query else ""
+            self._set_route_headers()
             self.redirect(f"{self.request.path}/{query}", permanent=False)
             return
         if self.request.method == "OPTIONS" and self._answer_preflight():
@@ -144,9 +135,9 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
         assert backend is not None
         method = self.request.method or "GET"
         body = self.request.body or (b"" if method in ("POST", "PUT") else None)
-        self._record_activity()
+        record_activity(self)
         try:
-            reply = await self.backends.client.send(
+            self.answer = await self.backends.client.request(
                 backend.host,
                 backend.port,
                 method,
@@ -154,9 +145,13 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
                 self._request_headers(backend),
                 body,
             )
-        except HeadGone as exc:  # refused, reset, timed out
-            raise backend_failed(self.backends, backend.cluster_id, exc) from None
-        self._relay(reply)
+            await relay(self, self.answer, self._under_route, self._route_headers())
+        except HeadGone as exc:  # refused, reset, silent, refused answer: nothing sent yet
+            raise head_failed(self.backends, backend.cluster_id, exc) from None
+
+    def on_connection_close(self) -> None:
+        if self.answer is not None:  # the browser left: so does the request to the head
+            self.answer.abandon()
 
     def _request_headers(self, backend: DashboardBackend) -> list[tuple[str, str]]:
         headers = [
@@ -166,23 +161,6 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
         ]
         headers.extend(backend.token_headers().items())
         return headers
-
-    def _relay(self, reply: Reply) -> None:
-        self.set_status(reply.status, reply.reason or None)
-        content_type = ""
-        for name, value in reply.headers:
-            lower = name.lower()
-            if lower in _NOT_RELAYED:
-                continue
-            if lower == "location" and reply.status in _REDIRECTS:
-                value = self._under_route(value)
-            elif lower == "content-type":
-                content_type = value
-            self.add_header(name, value)
-        self._set_route_headers(content_type)
-        body = with_storage_shim(self._headers, reply.body)  # HTML pages only
-        if body:
-            self.write(body)
 
     def compute_etag(self) -> None:
         """The head's own ETag (and its answer to If-None-Match) is relayed; none added."""
@@ -200,25 +178,23 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
         base_url = self.settings.get("base_url", "/")
         return url_path_join(base_url, PREFIX, cluster_id, f"~{capability}")
 
-    def _set_route_headers(self, content_type: str) -> None:
-        self.set_header("Referrer-Policy", "no-referrer")
-        if content_type.startswith("text/html"):
-            self.set_header("Content-Security-Policy", SANDBOX_POLICY)
+    def _route_headers(self) -> dict[str, str]:
+        """On every response of the route: the sandbox, and CORS for the sandboxed page."""
+        headers = {**ROUTE_HEADERS, "Vary": "Origin"}
         if self.request.headers.get("Origin") == "null":
-            self.set_header("Access-Control-Allow-Origin", "null")
-        self.set_header("Vary", "Origin")
+            headers["Access-Control-Allow-Origin"] = "null"
+        return headers
+
+    def _set_route_headers(self) -> None:
+        for name, value in self._route_headers().items():
+            self.set_header(name, value)
 
     def _answer_preflight(self) -> bool:
         if not preflight_answered(self):
             return False
-        self._set_route_headers("")
+        self._set_route_headers()
         self.finish()
         return True
-
-    def _record_activity(self) -> None:
-        """Proxied traffic counts as activity for Jupyter's idle shutdown (as in
-        jupyter-server-proxy)."""
-        self.settings["api_last_activity"] = datetime.now(timezone.utc)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -227,5 +203,5 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
         if isinstance(exc, DashboardError) and exc.retry_after:
             self.set_header("Retry-After", str(exc.retry_after))
-        self._set_route_headers("text/html")
+        self._set_route_headers()
         self.finish(error_page(status_code, message))

@@ -19,8 +19,15 @@ in-memory ``localStorage`` there (an opaque origin has none, and the dashboard r
 
 Since the proxy authenticates to Ray on the user's behalf, writes (POST, PUT, …) authenticated
 by Jupyter's login cookie must come from Jupyter's own origin; token-authenticated ones (scripts)
-need not. Set-Cookie headers of Ray never reach the browser, on any response path. A cluster that
-ended, or whose dashboard does not answer, is a 503 page saying so.
+need not. Set-Cookie headers of Ray never reach the browser, on any response path; every
+response of both routes, whatever its type (a JSON answer, an image, a download, an error page),
+carries the sandbox policy and ``X-Content-Type-Options: nosniff`` (:data:`ROUTE_HEADERS`), so
+nothing the head sends can run on Jupyter's origin, even opened as a document of its own.
+
+Plain HTTP goes through the proxy's own kept-alive client (``keepalive.py``) and is relayed
+streaming (``relay.py``); jupyter-server-proxy keeps what it does well: websockets, the login
+check, its request hooks. A cluster that ended, or whose dashboard does not answer, is a 503
+page saying so; an answer that breaks the client's limits a 502, a silent head a 504.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from __future__ import annotations
 import html
 import logging
 import posixpath
-import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -38,7 +44,9 @@ from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
 from ..errors import DashboardUnavailable, NotFound, SlurmRayError
+from .answers import Answer, BadAnswer, HeadGone, HeadSilent
 from .backends import DashboardBackend, DashboardBackends
+from .relay import record_activity, relay
 
 if TYPE_CHECKING:
     from .capabilities import DashboardCapabilities
@@ -57,18 +65,6 @@ _DROPPED_REQUEST_HEADERS = (
     "Host",
 )
 _DROPPED_QUERY_KEYS = frozenset({"token", "_xsrf"})
-# As jupyter-server-proxy drops them before forwarding.
-_HOP_BY_HOP_REQUEST = (
-    "Proxy-Connection",
-    "Keep-Alive",
-    "Transfer-Encoding",
-    "TE",
-    "Connection",
-    "Trailer",
-    "Upgrade",
-    "Proxy-Authorization",
-    "Proxy-Authenticate",
-)
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _NAVIGATIONS = frozenset({"document", "iframe", "frame", "embed", "object"})
 _NOT_UP_YET = frozenset({"SUBMITTING", "PENDING", "STARTING"})
@@ -76,33 +72,12 @@ _NOT_UP_YET = frozenset({"SUBMITTING", "PENDING", "STARTING"})
 #: The dashboard's pages run in an opaque origin: scripts, forms, popups and downloads, but no
 #: access to Jupyter's origin (cookies, storage, same-origin requests), nor to the parent page.
 SANDBOX_POLICY = "sandbox allow-scripts allow-forms allow-popups allow-downloads"
-
-#: Injected first into the dashboard's HTML: where storage or cookies are refused (an opaque
-#: origin throws SecurityError on access), in-memory stand-ins, so the dashboard starts.
-_STORAGE_SHIM = """<script>(function () {
-  function memoryStorage() {
-    var data = new Map();
-    return {
-      get length() { return data.size; },
-      key: function (i) { var k = Array.from(data.keys())[i]; return k === undefined ? null : k; },
-      getItem: function (k) { k = String(k); return data.has(k) ? data.get(k) : null; },
-      setItem: function (k, v) { data.set(String(k), String(v)); },
-      removeItem: function (k) { data.delete(String(k)); },
-      clear: function () { data.clear(); }
-    };
-  }
-  ['localStorage', 'sessionStorage'].forEach(function (name) {
-    try { window[name]; } catch (e) {
-      Object.defineProperty(window, name, { value: memoryStorage(), configurable: true });
-    }
-  });
-  try { document.cookie; } catch (e) {
-    Object.defineProperty(document, 'cookie', {
-      get: function () { return ''; }, set: function () {}, configurable: true
-    });
-  }
-})();</script>"""
-_HEAD_TAG = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
+#: On every response of both routes, whatever its content type.
+ROUTE_HEADERS = {
+    "Content-Security-Policy": SANDBOX_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def clean_path(path: str) -> str:
@@ -117,18 +92,6 @@ def _only_the_registered_backend(handler: Any, host: str) -> bool:
     """``host_allowlist``: the one host the registry gave for this request, nothing else."""
     backend = getattr(handler, "backend", None)
     return backend is not None and host == backend.host
-
-
-def with_storage_shim(headers: httputil.HTTPHeaders, body: bytes) -> bytes:
-    """An HTML page's body with the storage stand-ins first in it; other bodies unchanged."""
-    if not headers.get("Content-Type", "").startswith("text/html"):
-        return body
-    if headers.get("Content-Encoding", "identity") != "identity":
-        log.warning("a compressed dashboard page got no storage shim")
-        return body
-    match = _HEAD_TAG.search(body)
-    at = match.end() if match else 0
-    return body[:at] + _STORAGE_SHIM.encode() + body[at:]
 
 
 class DashboardError(web.HTTPError):
@@ -187,22 +150,39 @@ def unavailable(
     return DashboardError(503, message[:1].upper() + message[1:] + ".", 5 if starting else None)
 
 
-def backend_failed(backends: DashboardBackends, cluster_id: str, why: object) -> DashboardError:
-    """503 when the dashboard does not answer: naming the cluster and its last known state."""
-    log.warning("the dashboard of %s does not answer: %s", cluster_id, why)
+def head_failed(backends: DashboardBackends, cluster_id: str, exc: HeadGone) -> DashboardError:
+    """The page for a head that gave no proper answer, naming the cluster: 502 for an answer
+    the client refuses (not HTTP, over a limit), 504 for no answer in time, else 503."""
+    who, state = _who(backends, cluster_id)
+    if isinstance(exc, BadAnswer):
+        log.warning("the dashboard of %s sent a refused answer: %s", cluster_id, exc)
+        return DashboardError(
+            502, f"The dashboard of {who} sent an answer the proxy refuses: {exc}."
+        )
+    if isinstance(exc, HeadSilent):
+        log.warning("the dashboard of %s is silent: %s", cluster_id, exc)
+        return DashboardError(
+            504,
+            f"The dashboard of {who} accepted the request but sent {exc}: "
+            "its head node may be overloaded or stalled.",
+        )
+    log.warning("the dashboard of %s does not answer: %s", cluster_id, exc)
     backends.forget(cluster_id)  # the next request reads connection.json again
-    record = _record(backends, cluster_id)
-    if record is None:
-        who, state = f"Ray cluster `{cluster_id}`", "unknown"
-    else:
-        job = f" (job {record.job_id})" if record.job_id else ""
-        who, state = f"Ray cluster `{record.name}`{job}", record.state
     return DashboardError(
         503,
         f"{who} was last seen {state}, but its dashboard does not answer: the job may "
         "have ended, or its head node cannot be reached.",
         retry_after=10,
     )
+
+
+def _who(backends: DashboardBackends, cluster_id: str) -> tuple[str, str]:
+    """How a page names the cluster, and its last known state."""
+    record = _record(backends, cluster_id)
+    if record is None:
+        return f"Ray cluster `{cluster_id}`", "unknown"
+    job = f" (job {record.job_id})" if record.job_id else ""
+    return f"Ray cluster `{record.name}`{job}", record.state
 
 
 def _record(backends: DashboardBackends, cluster_id: str) -> Any:
@@ -241,6 +221,7 @@ class _DashboardProxy(ProxyHandler):
     """
 
     backend: DashboardBackend | None = None
+    answer: Answer | None = None  # the head's, while it is relayed
     cluster_id: str = ""
     proxied_path: str = "/"
 
@@ -282,17 +263,11 @@ class _DashboardProxy(ProxyHandler):
 
     def response_headers(self, headers: httputil.HTTPHeaders) -> dict[str, str]:
         """Headers set on every response (see :class:`_ResponseGuard`)."""
-        extra = {"Referrer-Policy": "no-referrer"}
-        if headers.get("Content-Type", "").startswith("text/html"):
-            extra["Content-Security-Policy"] = SANDBOX_POLICY
-        return extra
+        return dict(ROUTE_HEADERS)
 
     # -- what a browser sees when the dashboard is not there ------------------------------
     def _unavailable(self, exc: DashboardUnavailable) -> DashboardError:
         return unavailable(self.backends, self.cluster_id, exc)
-
-    def _backend_failed(self, why: object) -> DashboardError:
-        return backend_failed(self.backends, self.cluster_id, why)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -309,16 +284,10 @@ class _DashboardProxy(ProxyHandler):
         headers = super().proxy_request_headers()
         for name in _DROPPED_REQUEST_HEADERS:
             headers.pop(name, None)
-        if self.request.headers.get("Sec-Fetch-Dest") in _NAVIGATIONS:
-            headers.pop("Accept-Encoding", None)  # a page: uncompressed, to add the shim
         assert self.backend is not None
         headers["Host"] = f"{self.backend.host}:{self.backend.port}"
         headers.update(self.backend.token_headers())
         return headers
-
-    def proxy_request_options(self) -> dict[str, Any]:
-        # A DELETE (or PATCH, …) with a body is valid HTTP: forward it instead of failing.
-        return {**super().proxy_request_options(), "allow_nonstandard_methods": True}
 
     def get_client_uri(self, protocol: str, host: str, port: int, proxied_path: str) -> str:
         return client_uri(f"{protocol}://{host}:{port}", proxied_path, self.request.query)
@@ -330,49 +299,38 @@ class _DashboardProxy(ProxyHandler):
     async def _forward(self) -> None:
         backend = self.backend
         assert backend is not None
-        try:
-            await self.proxy(backend.host, backend.port, self.proxied_path)
-        except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
-            raise self._backend_failed(exc) from None
-        except web.HTTPError as exc:
-            if exc.status_code not in (500, 599):  # what the proxy makes of a lost backend
-                raise
-            raise self._backend_failed(exc) from None
-        if self.get_status() == 599 and not self._headers_written:  # the event-stream path
-            raise self._backend_failed("no answer")
+        await self.proxy(backend.host, backend.port, self.proxied_path)
 
     async def proxy(self, host: str, port: int, proxied_path: str) -> None:
-        """jupyter-server-proxy's buffered path over kept-alive connections; event streams
-        (and anything else) go its own way."""
-        if self.request.headers.get("Accept") == "text/event-stream":
-            return await super().proxy(host, port, proxied_path)
+        """jupyter-server-proxy's checks and request hooks, then the request over the proxy's
+        kept-alive connections and the answer relayed as it arrives."""
         if not self._check_host_allowlist(host):
             raise web.HTTPError(403, f"host {host!r} is not this cluster's dashboard")
-        for name in _HOP_BY_HOP_REQUEST:
-            self.request.headers.pop(name, None)
-        self._record_activity()
-        body = self.request.body or (b"" if self.request.method in ("POST", "PUT") else None)
-        request = self._build_proxy_request(host, port, proxied_path, body)
-        response = await self.backends.client.fetch(request)  # 599 when the head is gone
-        self._record_activity()
-        self._relay(response, host, port, proxied_path)
+        record_activity(self)
+        method = self.request.method or "GET"
+        body = self.request.body or (b"" if method in ("POST", "PUT") else None)
+        target = client_uri("", proxied_path, self.request.query)
+        headers = self.proxy_request_headers().get_all()
+        try:
+            self.answer = await self.backends.client.request(
+                host, port, method, target, headers, body
+            )
+            await relay(
+                self,
+                self.answer,
+                lambda location: self._rewrite_location_header(location, host, port, proxied_path),
+            )
+        except HeadGone as exc:  # refused, reset, silent, refused answer: nothing sent yet
+            raise head_failed(self.backends, self.cluster_id, exc) from None
 
-    def _relay(
-        self, response: httpclient.HTTPResponse, host: str, port: int, proxied_path: str
-    ) -> None:
-        """The head's answer as this response (jupyter-server-proxy's rules for headers and
-        redirects; HTML pages get the storage stand-ins)."""
-        self.set_status(response.code, response.reason)
-        self._headers = httputil.HTTPHeaders()  # not Tornado's defaults: only the head's
-        for name, value in response.headers.get_all():
-            if name in ("Content-Length", "Transfer-Encoding", "Connection"):
-                continue
-            if name == "Location" and response.code in (301, 302, 303, 307, 308):
-                value = self._rewrite_location_header(value, host, port, proxied_path)
-            self.add_header(name, value)
-        body = with_storage_shim(response.headers, response.body or b"")
-        if body:
-            self.write(body)
+    def compute_etag(self) -> None:
+        """The head's own ETag (and its answer to If-None-Match) is relayed; none added."""
+        return None
+
+    def on_connection_close(self) -> None:
+        if self.answer is not None:  # the browser left: so does the request to the head
+            self.answer.abandon()
+        super().on_connection_close()
 
     async def _forward_any(self, *args: Any) -> None:
         await self._forward()
