@@ -1,9 +1,11 @@
 """Submitting a cluster's job so that no job is ever left without its record.
 
 The job dir root is checked and the script rendered before anything is written; the job dir
-is then written in one command and sbatch'd. When sbatch's outcome is unknown (it timed out,
-the SSH connection dropped during the submit), the job is looked up by its tag before anything
-is cleaned up, and adopted if it exists. When nothing was queued, nothing is left behind.
+is then written in one command (with ``job.sbatch``, the record of what was submitted) and the
+script's text given to sbatch on its stdin, so the job is what was rendered here. When
+sbatch's outcome is unknown (it timed out, the SSH connection dropped during the submit), the
+job is looked up by its tag before anything is cleaned up, and adopted if it exists. When
+nothing was queued, nothing is left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .errors import (
     SubmitOutcomeUnknown,
     TransportError,
 )
-from .jobdir import SCRIPT, JobDir, probe_site
+from .jobdir import JobDir, probe_site
 from .jobscript import render_job_script
 from .localjobs import with_local_mode_hint
 from .slurm import SlurmClient
@@ -75,7 +77,7 @@ async def submit(
         forget_record()  # nothing was written: leave nothing behind
         raise
     try:
-        return await submit_or_adopt(slurm, job_dir.file(SCRIPT), cluster_id, timeout=timeout)
+        return await submit_or_adopt(slurm, script, cluster_id, timeout=timeout)
     except SlurmError as exc:  # nothing was queued
         forget_record()
         await job_dir.remove()
@@ -85,15 +87,16 @@ async def submit(
 
 
 async def submit_or_adopt(
-    slurm: SlurmClient, script_path: str, cluster_id: str, *, timeout: float
+    slurm: SlurmClient, script: str, cluster_id: str, *, timeout: float
 ) -> str:
-    """The job id of the submitted job script (or of the job a lost answer had queued).
+    """The job id of the submitted job script, its text on sbatch's stdin (or of the job a
+    lost answer had queued).
 
     SlurmError: nothing was queued (Slurm refused, or the lookup found no job).
     SubmitOutcomeUnknown: maybe queued; the caller keeps the record so ``gc`` can find it.
     """
     try:
-        return await slurm.submit(script_path, timeout=timeout)
+        return await slurm.submit(script, timeout=timeout)
     except SlurmError:
         raise
     except TransportError as exc:
