@@ -36,13 +36,17 @@ __all__ = ["SubmitOutcomeUnknown", "prepare", "submit", "submit_or_adopt"]
 async def prepare(
     transport: Transport, spec: ClusterSpec, cluster_id: str, job_dir: str | None = None
 ) -> tuple[JobDir, str]:
-    """The job dir (its root checked; nothing written yet) and the job script for it."""
+    """The job dir (its root checked; nothing written there yet) and the job script for it.
+
+    With ``environment = "pack"``, the script names the archive and its content hash: the
+    environment is packed on this side first if neither side has the archive yet."""
     site = await probe_site(transport, spec.job_dir_root)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
     command = directory.bootstrap_command(packs.bootstrap_python(spec))
-    if spec.environment == "pack":  # named by what is installed; shipped by submit()
-        archive = packs.remote_archive(packs.describe_environment(), site.job_dir_root)
-        command = packs.bootstrap_command(command, archive)
+    if spec.environment == "pack":  # named by what is installed, with its content's hash
+        env = packs.describe_environment()  # (packed here if missing; shipped by submit())
+        pack = await packs.prepare_pack(transport, env, site.job_dir_root)
+        command = packs.bootstrap_command(command, pack)
     script = render_job_script(
         spec,
         cluster_id=cluster_id,

@@ -47,8 +47,8 @@ def run_tasks() -> list[list[str]]:
 def forget_every_copy(transport, env: packs.EnvironmentToPack, root: str) -> None:
     """The archive here, on the cluster side, and unpacked on the nodes: removed."""
     (packs._cache_dir() / env.archive_name).unlink(missing_ok=True)
-    unpacked = f"/tmp/jsr-$(id -u)/env-{env.kind}-{env.key}"
-    script = f'rm -rf -- "$1" {unpacked}'
+    unpacked = f"/tmp/jsr-$(id -u)/env-{env.kind}-{env.key}"  # and -<content hash> after it
+    script = f'rm -rf -- "$1" {unpacked} {unpacked}-*'
     remote = packs.remote_archive(env, root)
     run_sync(transport.run(["sh", "-c", script, "sh", remote]))
 
