@@ -202,7 +202,8 @@ def _say(line: str) -> None:
     print(f"[environment pack] {line}", file=sys.stderr, flush=True)
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where this machine keeps the packs it made and sent elsewhere, by archive name."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "jupyter-slurm-ray" / "packs"
 
@@ -249,7 +250,7 @@ async def prepare_pack(
     remote = remote_archive(env, job_dir_root)
     digest = await archive_sha256(transport, remote)
     if digest is None:
-        here = Path(remote).parent if _root_is_here(transport) else _cache_dir()
+        here = Path(remote).parent if _root_is_here(transport) else cache_dir()
         archive = await asyncio.to_thread(local_archive, env, here)
         digest = await asyncio.to_thread(file_sha256, archive)
     return PackOnCluster(remote, digest)
@@ -266,7 +267,7 @@ async def ship_pack(transport: Transport, env: EnvironmentToPack, job_dir_root: 
     if _root_is_here(transport):
         await asyncio.to_thread(local_archive, env, Path(remote).parent)
         return remote
-    archive = await asyncio.to_thread(local_archive, env, _cache_dir())
+    archive = await asyncio.to_thread(local_archive, env, cache_dir())
     started = time.monotonic()
     bar = progress_display(f"sending {archive.name}", archive.stat().st_size)
     await transport.run(["mkdir", "-p", "-m", "700", "--", os.path.dirname(remote)])
