@@ -5,9 +5,10 @@
 ``events.jsonl`` and ``connection.json`` (written by the bootstrap), ``slurm-<job>.out|err`` and
 ``logs/ray-{head,worker}-<host>.log``. The directory itself is 0700.
 
-The job dir root must be a tree only the user (or root) can change: every directory on its
-path is checked before anything is written (see :func:`probe_site`), the job dir is created
-fresh (never reused), and the job script checks its job dir again before running from it.
+The job dir root must be a tree only the user (or root) can change, by mode or by ACL: every
+directory on its path is checked before anything is written (see :func:`probe_site`), the job
+dir is created fresh (never reused), and the job script checks its job dir again before
+running from it (the bootstrap too, ACLs included).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The filesystem, tightened, on the real testbed, with bob as the other user of the site:
 
 - an ACL that lets bob write alice's job dir root (or a parent, or its packs dir) refuses
-  ``up`` before anything is submitted, naming the path, the grant and the fix;
+  ``up`` before anything is submitted, naming the path, the grant and the fix (over SSH too:
+  the login node's python3 reads the ACL);
 - an ACL that appears after submission (a default ACL on the job dir: what the bootstrap
   creates there would be bob's to change) makes the bootstrap on the node refuse;
 - a pack replaced in the packs dir after ``up`` took its hash: the node refuses to unpack it,
@@ -34,6 +35,7 @@ from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import RayStartError, SpecError
+from jupyter_slurm_ray.jobdir import probe_site
 from jupyter_slurm_ray.jobscript import render_job_script
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
@@ -116,6 +118,19 @@ def test_up_is_refused_before_submitting_when_an_acl_lets_bob_write_a_parent(
     ) in message
     assert cluster.job_id is None and jobs_with_comment(job_comment(cluster.id)) == []
     assert registry.load(cluster.id) is None and not root.exists()  # nothing written
+
+
+async def test_the_probe_over_ssh_reads_the_acl_on_the_login_node(alices_tree, ssh) -> None:
+    """From the laptop side, the login node's python3 judges the ACL (not only ls's +)."""
+    subprocess.run(["setfacl", "-m", f"u:{BOB}:rwx", str(alices_tree)], check=True)
+    with pytest.raises(SpecError) as refused:
+        await probe_site(ssh, str(alices_tree / "jobs"))
+    assert f"{alices_tree} grants write through an ACL to user {BOB} (uid {uid_of(BOB)})" in str(
+        refused.value
+    )
+    subprocess.run(["setfacl", "-m", f"u:{BOB}:rx", str(alices_tree)], check=True)
+    site = await probe_site(ssh, str(alices_tree / "jobs"))  # reading only: harmless
+    assert site.job_dir_root == str(alices_tree / "jobs")
 
 
 def test_up_is_refused_when_an_acl_lets_bob_write_the_packs_dir(alices_tree, registry) -> None:
