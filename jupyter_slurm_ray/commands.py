@@ -229,7 +229,9 @@ def _prune(
     """What ended clusters left on disk, past the retention: said, or (asked) removed."""
     days = float(session.setting("record_retention_days", 7.0))
     registry = session.registry()
-    records = registry.all()
+    records, unreadable = registry.scan()
+    spared = {u.id: f"its record cannot be read ({u.error})" for u in unreadable}
+    spared |= dict.fromkeys(cancelled, "its job was cancelled just now")
     only = _clusters_named(jobs, records) if jobs else None
     places, lines = _places(session, records)
     pruning = run_sync(
@@ -239,7 +241,7 @@ def _prune(
             retention=days * retention.DAY,
             cache_dir=packs.cache_dir(),
             only=only,
-            spared=cancelled,
+            spared=spared,
         )
     )
     lines += pruning.skipped

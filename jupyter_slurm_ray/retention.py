@@ -17,7 +17,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,10 +163,11 @@ def ended_job_dirs(
     now: float,
     retention: float,
     only: set[str] | None = None,
-    spared: Iterable[str] = (),
+    spared: Mapping[str, str] | None = None,
 ) -> tuple[list[Removal], list[str], set[str]]:
     """The job dirs to remove, a line per dir that stays (and why), and the packs that the
-    dirs that stay name. ``spared``: clusters whose job was cancelled just now."""
+    dirs that stay name. ``spared``: clusters whose dir stays whatever else is known, with
+    why (their job was cancelled just now, their record cannot be read)."""
     by_id = {r.id: r for r in records}
     removals, kept, packs_named = [], [], set()
     for seen in listing.dirs:
@@ -176,8 +177,8 @@ def ended_job_dirs(
             packs_named.add(seen.pack)
             continue
         why_ended, why_kept = _judge(seen, by_id.get(seen.name), activity, now, retention)
-        if seen.name in spared:
-            why_ended, why_kept = None, "its job was cancelled just now"
+        if spared and seen.name in spared:
+            why_ended, why_kept = None, spared[seen.name]
         path = f"{listing.root}/{seen.name}"
         if why_ended is None:
             kept.append(f"kept job dir {path}: {why_kept}")
@@ -296,12 +297,12 @@ async def plan(
     retention: float,
     cache_dir: Path | None,
     only: set[str] | None = None,
-    spared: Iterable[str] = (),
+    spared: Mapping[str, str] | None = None,
     now: float | None = None,
 ) -> Pruning:
     """What gc would remove under each (transport, resolved job dir root), and in
     ``cache_dir`` (None: not looked at); ``only``: those clusters' job dirs alone;
-    ``spared``: those clusters' job dirs stay (their job was cancelled just now)."""
+    ``spared``: those clusters' job dirs stay, with why."""
     now = time.time() if now is None else now
     pruning, named = Pruning(), set()
     for transport, root in places:
@@ -313,7 +314,7 @@ async def plan(
         pruning.transports[root] = transport
         said = await activity(transport, listing)
         removals, kept, in_use = ended_job_dirs(
-            listing, records, said, now=now, retention=retention, only=only, spared=set(spared)
+            listing, records, said, now=now, retention=retention, only=only, spared=spared
         )
         pruning.removals += removals
         pruning.kept += kept

@@ -162,3 +162,10 @@ def test_a_dir_of_another_user_or_not_a_cluster_is_never_judged() -> None:
     removals, kept, _ = retention.ended_job_dirs(listing, [], said, now=1e9, retention=DAY)
     assert [r.name for r in removals] == ["mine-0001"] and kept == []
     assert retention.unused_packs(listing, set(), now=1e9, retention=DAY) == []  # bob's
+
+
+def test_a_dir_whose_record_cannot_be_read_stays(disk, capsys) -> None:
+    Registry().record_path("gone-0005").write_text("{torn")
+    assert main(["gc", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"kept job dir {disk['gone']}: its record cannot be read (not valid JSON" in out
