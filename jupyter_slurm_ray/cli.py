@@ -58,11 +58,20 @@ def _parser() -> argparse.ArgumentParser:
     add_adapt_arguments(adapt, NAME_HELP)
     gc = sub.add_parser(
         "gc",
-        help="cancel our jobs (by their comment tag) that no live record owns",
+        help="cancel our jobs that no live record owns; prune ended clusters' job dirs and packs",
         description="Find Slurm jobs tagged jupyter-slurm-ray:<id> whose record is missing, or "
-        "whose owning kernel is gone without detaching, and offer to cancel each.",
+        "whose owning kernel is gone without detaching, and offer to cancel each. Then remove "
+        "what ended clusters left on disk once SlurmRay.record_retention_days (7) have passed: "
+        "their job dirs (ended by their record, or by Slurm's word when the record is gone), "
+        "the packs no remaining job dir names, and this machine's cached packs; never what a "
+        "live cluster uses.",
     )
-    gc.add_argument("--yes", action="store_true", help="cancel without asking")
+    gc.add_argument("--yes", action="store_true", help="cancel and remove without asking")
+    gc.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only show what would be cancelled and removed, and the space it would free",
+    )
     gc.add_argument("jobs", nargs="*", metavar="JOB", help="only these job ids or cluster ids")
     _cluster_command(
         sub,
@@ -152,13 +161,23 @@ def _forget(session: Session, args: argparse.Namespace, ask: Ask) -> int:
 
 
 def _gc(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    lines = commands.gc(session, args.jobs, lambda o: args.yes or _confirm(o, ask))
+    lines = commands.gc(
+        session,
+        args.jobs,
+        lambda o: args.yes or _confirm(o, ask),
+        dry_run=args.dry_run,
+        confirm_removal=lambda question: args.yes or _yes(f"{question} [y/N] ", ask),
+    )
     print("\n".join(lines))
     return 0
 
 
 def _confirm(orphan: Orphan, ask: Ask) -> bool:
     question = f"cancel job {orphan.job_id} (cluster {orphan.cluster_id}: {orphan.why})? [y/N] "
+    return _yes(question, ask)
+
+
+def _yes(question: str, ask: Ask) -> bool:
     try:
         return ask(question).strip().lower() in ("y", "yes")
     except EOFError:

@@ -1,6 +1,6 @@
 """What ``%slurm_ray`` and ``jupyter slurm-ray`` both do, written once: list, down, logs,
-forget, gc, extend, doctor. Each returns the lines to print (doctor: its report); the callers
-only parse arguments and print."""
+forget, gc (orphaned jobs, then what ended clusters left on disk), extend, doctor. Each returns
+the lines to print (doctor: its report); the callers only parse arguments and print."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import packs, retention
 from .aio import run_sync
 from .config import resolve_spec
-from .errors import SlurmRayError
-from .formatting import extension_line, status_line
+from .errors import SlurmRayError, SlurmUnavailable
+from .formatting import extension_line, format_bytes, status_line
 from .inventory import Entry, Orphan, find_orphans, format_table
+from .jobdir import probe_site
+from .naming import is_cluster_id
+from .registry import ClusterRecord
 from .scaling import checked_node_count
 from .session import Session
 from .slurm import SlurmClient
+from .transport import LocalTransport, Transport
 from .walltime import parse_extension
 from .workergroups import checked_name
 
@@ -35,6 +40,7 @@ __all__ = [
 ]
 
 Confirm = Callable[[Orphan], bool]
+ConfirmRemoval = Callable[[str], bool]  # the question: remove these N things (size)?
 
 NAME_HELP = "a cluster name, id or Slurm job id"
 NODES_HELP = "Ray nodes in all: the head's allocation plus one-node worker jobs"
@@ -164,23 +170,142 @@ def _entry_named(entries: list[Entry], name: str) -> Entry:
     return matches[-1]
 
 
-def gc(session: Session, jobs: list[str], confirm: Confirm) -> list[str]:
-    """Offer to cancel our tagged jobs that no live record owns (see ``find_orphans``)."""
+def gc(
+    session: Session,
+    jobs: list[str],
+    confirm: Confirm,
+    *,
+    dry_run: bool = False,
+    confirm_removal: ConfirmRemoval | None = None,
+) -> list[str]:
+    """Offer to cancel our tagged jobs that no live record owns (see ``find_orphans``), then
+    prune what ended clusters left on disk past ``record_retention_days`` (``retention.py``:
+    job dirs, unused packs, cached packs), after ``confirm_removal``. ``dry_run``: say what
+    would be done and the space it would free; do nothing. ``jobs``: only these job or
+    cluster ids (their job dirs; no packs)."""
+    cancelled: set[str] = set()
+    lines = _cancel_orphans(session, jobs, confirm, dry_run, cancelled)
+    return [*lines, *_prune(session, jobs, dry_run, confirm_removal or _yes, cancelled)]
+
+
+def _yes(question: str) -> bool:
+    return True
+
+
+def _cancel_orphans(
+    session: Session, jobs: list[str], confirm: Confirm, dry_run: bool, cancelled: set[str]
+) -> list[str]:
+    """Orphaned jobs offered and cancelled (their cluster ids added to ``cancelled``)."""
     slurm = SlurmClient(session.transport())
-    orphans = run_sync(find_orphans(slurm, session.registry()))
+    try:
+        orphans = run_sync(find_orphans(slurm, session.registry()))
+    except SlurmUnavailable as exc:
+        return [f"orphaned jobs not looked for: Slurm did not answer ({exc})"]
     if jobs:
         wanted = set(jobs)
         orphans = [o for o in orphans if {o.job_id, o.cluster_id} & wanted]
     if not orphans:
         return ["no orphaned jobs"]
     lines = [f"job {o.job_id} (cluster {o.cluster_id}): {o.why}" for o in orphans]
+    if dry_run:
+        return [*lines, f"would cancel {len(orphans)} job(s) (after asking, or with --yes)"]
     chosen = [o for o in orphans if confirm(o)]
     for orphan in chosen:
         run_sync(slurm.cancel(orphan.job_id))
+        cancelled.add(orphan.cluster_id)
         lines.append(f"cancelled job {orphan.job_id}")
     if len(chosen) < len(orphans):
         lines.append(f"kept {len(orphans) - len(chosen)} job(s); --yes cancels without asking")
     return lines
+
+
+def _prune(
+    session: Session,
+    jobs: list[str],
+    dry_run: bool,
+    confirm_removal: ConfirmRemoval,
+    cancelled: set[str],
+) -> list[str]:
+    """What ended clusters left on disk, past the retention: said, or (asked) removed."""
+    days = float(session.setting("record_retention_days", 7.0))
+    registry = session.registry()
+    records, unreadable = registry.scan()
+    spared = {u.id: f"its record cannot be read ({u.error})" for u in unreadable}
+    spared |= dict.fromkeys(cancelled, "its job was cancelled just now")
+    only = _clusters_named(jobs, records) if jobs else None
+    places, lines = _places(session, records)
+    pruning = run_sync(
+        retention.plan(
+            places,
+            records,
+            retention=days * retention.DAY,
+            cache_dir=packs.cache_dir(),
+            only=only,
+            spared=spared,
+        )
+    )
+    lines += pruning.skipped
+    will = "would remove" if dry_run else "to remove"
+    lines += [
+        f"{will} {r.what} {r.path} ({r.why}): {format_bytes(r.size)}" for r in pruning.removals
+    ]
+    if dry_run:
+        lines += pruning.kept
+    if not pruning.removals:
+        return [*lines, f"nothing on disk to prune (ended or unused for more than {days:g} days)"]
+    if dry_run:
+        return [*lines, f"would free {format_bytes(pruning.size)}"]
+    question = (
+        f"remove {len(pruning.removals)} job dir(s) and pack(s), {format_bytes(pruning.size)}?"
+    )
+    if not confirm_removal(question):
+        return [*lines, "removed nothing; --yes removes without asking"]
+    done = run_sync(retention.apply(pruning))
+    forgotten = registry.prune(days * retention.DAY)
+    return [
+        *lines,
+        f"freed {format_bytes(sum(r.size for r in done))}: removed {len(done)} of "
+        f"{len(pruning.removals)}"
+        + (f"; forgot {len(forgotten)} ended record(s)" if forgotten else ""),
+    ]
+
+
+def _clusters_named(jobs: list[str], records: list[ClusterRecord]) -> set[str]:
+    wanted = set(jobs)
+    return {r.id for r in records if r.job_id in wanted} | {j for j in wanted if is_cluster_id(j)}
+
+
+def _places(
+    session: Session, records: list[ClusterRecord]
+) -> tuple[list[tuple[Transport, str]], list[str]]:
+    """Where job dirs are: the configured job dir root and the roots of the records this
+    process can reach, each resolved and trust-checked once per machine; lines for those
+    skipped."""
+    configured = session.transport()
+    wanted = [(configured, resolve_spec({}, config=session.config)[0].job_dir_root)]
+    wanted += [
+        (session.transport(r.target), r.job_dir.rsplit("/", 1)[0])
+        for r in records
+        if session.transports.reaches(r.target)
+    ]
+    places, seen, skipped = [], set(), []
+    for transport, root in wanted:
+        try:
+            resolved = run_sync(probe_site(transport, root)).job_dir_root
+        except SlurmRayError as exc:
+            skipped.append(f"skipped the job dir root {root}: {exc}")
+            continue
+        if (_machine(transport), resolved) not in seen:
+            seen.add((_machine(transport), resolved))
+            places.append((transport, resolved))
+    return places, sorted(set(skipped))
+
+
+def _machine(transport: Transport) -> object:
+    """Which machine and user a transport's files are (a local-mode sibling shares them)."""
+    if isinstance(transport, LocalTransport):
+        return ("here", tuple(transport.command_prefix))
+    return transport.target
 
 
 def doctor(

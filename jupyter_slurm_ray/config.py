@@ -153,7 +153,9 @@ class SlurmRay(_ClusterSettings):
         "adopted if it was queued.",
     )
     record_retention_days = _trait(
-        "float", "Days an ended cluster's record is kept before it is forgotten (default 7)."
+        "float",
+        "Days an ended cluster's record is kept before it is forgotten, and after which `gc` "
+        "removes its job dir and the packs no job dir names (default 7).",
     )
     adapt_idle_timeout = _trait(
         "float", "Seconds a worker node runs nothing before `adapt` retires it (default 60)."

@@ -5,9 +5,10 @@
 ``events.jsonl`` and ``connection.json`` (written by the bootstrap), ``slurm-<job>.out|err`` and
 ``logs/ray-{head,worker}-<host>.log``. The directory itself is 0700.
 
-The job dir root must be a tree only the user (or root) can change: every directory on its
-path is checked before anything is written (see :func:`probe_site`), the job dir is created
-fresh (never reused), and the job script checks its job dir again before running from it.
+The job dir root must be a tree only the user (or root) can change, by mode or by ACL: every
+directory on its path is checked before anything is written (see :func:`probe_site`), the job
+dir is created fresh (never reused), and the job script checks its job dir again before
+running from it (the bootstrap too, ACLs included).
 """
 
 from __future__ import annotations
@@ -37,12 +38,27 @@ DETACHED = "detached"
 
 
 _UNTRUSTED_EXIT = 6
-# Constant program (``sh -c PROBE sh ROOT``): resolves the job dir root ("~/" against $HOME,
-# symbolic links followed), checks every existing directory on its path, then prints
-# HOME NUL ROOT NUL and the environment (NUL-separated) whose variable names the job exports.
+# Constant program (``sh -c PROBE sh ROOT ACL_CHECK``): resolves the job dir root ("~/" against
+# $HOME, symbolic links followed); runs ACL_CHECK (``bootstrap/acls.py``, with python3) on the
+# deepest existing directory of the root and on its packs dir, or, without a python3 that runs
+# it, refuses any ACL that ls shows (+); checks the owner and mode of every existing directory
+# on the path (from the packs dir up); then prints HOME NUL ROOT NUL and the environment
+# (NUL-separated) whose variable names the job exports.
 _PROBE = (
-    'root=$1; case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac; '
+    "root=$1 acl_check=$2; "
+    'case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac; '
     'real=$(realpath -m -- "$root") || exit 5; uid=$(id -u); d=$real; '
+    'while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done; '
+    'set -- "$d"; [ -d "$real/packs" ] && set -- "$@" "$real/packs"; '
+    "rc=127; command -v python3 >/dev/null 2>&1 && "
+    '{ python3 -I -S -c "$acl_check" "$@"; rc=$?; }; '
+    "[ $rc = 6 ] && exit 6; "
+    'if [ $rc != 0 ]; then for d in "$@"; do while :; do '
+    'case $(ls -ld -- "$d" 2>/dev/null) in ??????????+*) '
+    'echo "$d has an ACL (ls -ld shows +) and no python3 here could check who may write '
+    'there; remove it with \\`setfacl -b $d\\`" >&2; exit 6 ;; esac; '
+    '[ "$d" = / ] && break; d=$(dirname -- "$d"); done; done; fi; '
+    'd=$real; [ -d "$real/packs" ] && d=$real/packs; '
     "while :; do "
     'if [ -e "$d" ]; then '
     "set -- $(stat -c '%u %a' -- \"$d\"); "
@@ -76,9 +92,10 @@ async def probe_site(transport: Transport, job_dir_root: str) -> Site:
     """One command: resolve and check ``job_dir_root``, and list the exported variables.
 
     SpecError (field job_dir_root) when a directory on its path belongs to another user or
-    is writable by others (root's sticky directories like /tmp excepted).
+    is writable by others, through its mode or an ACL (root's sticky directories like /tmp
+    excepted); the packs dir beside the job dirs too.
     """
-    argv = ["sh", "-c", _PROBE, "sh", job_dir_root]
+    argv = ["sh", "-c", _PROBE, "sh", job_dir_root, acl_check_program()]
     result = await transport.run(argv, check=False)
     if result.returncode == _UNTRUSTED_EXIT:
         allowed = (
@@ -94,6 +111,12 @@ async def probe_site(transport: Transport, job_dir_root: str) -> Site:
         raise SlurmRayError(f"cannot resolve the job dir root {job_dir_root!r} on the cluster")
     _, names = parse_env0("\0" + env)
     return Site(home, root, tuple(exported_names(names)))
+
+
+def acl_check_program() -> str:
+    """The source of ``bootstrap/acls.py``: the same ACL check on the login node as on the
+    nodes (run by ``python3 -c``)."""
+    return bootstrap_files()["acls.py"]
 
 
 class JobDir:

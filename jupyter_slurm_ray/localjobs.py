@@ -4,8 +4,10 @@
 that ``cluster.py``, the watcher, the inventory and the server only pick the scheduler by the
 transport (:func:`scheduler_for`). The same job script and bootstrap run, one node:
 
-- ``submit`` reads the script's ``#SBATCH`` lines (walltime, CPUs, memory, the warning signal)
-  as sbatch would and starts a *runner* (a constant Python program, below, run by this
+- ``submit`` takes the script's text, as sbatch on its stdin, reads its ``#SBATCH`` lines (job
+  dir, walltime, CPUs, memory, the warning signal) as sbatch would, keeps the text in the
+  state dir (as slurmctld keeps a job's script: the job runs that copy, not the job dir's
+  ``job.sbatch``) and starts a *runner* (a constant Python program, below, run by this
   kernel's interpreter) in a new session: the job id is ``local-<runner pid>``. The runner
   sets the ``SLURM_*`` variables the bootstrap reads (one node, this host) and
   ``JSR_LOCAL_MODE=1`` (then the bootstrap asks no ``scontrol``; one node needs no ``srun``),
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from .checks import parse_walltime
 from .errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
-from .slurm import JobInfo, Partition, SlurmClient, UsageRow
+from .slurm import JobInfo, Partition, SlurmClient, UsageRow, is_script_text
 from .transport import Transport
 
 if TYPE_CHECKING:
@@ -72,6 +74,8 @@ def write(name, text):
 ps = ["ps", "-o", "lstart=", "-p", str(os.getpid())]
 lstart = subprocess.run(ps, capture_output=True, text=True).stdout.strip()
 write(job_id + ".start", f"{lstart}\n{int(time.time())} {limit} {host}\n")
+script = os.path.join(state_dir, job_id + ".sbatch")
+os.replace(os.path.join(state_dir, "script-" + tag), script)
 write("launch-" + tag, str(os.getpid()))
 os.chdir(job_dir)
 cpus = cpus or str(os.cpu_count() or 1)
@@ -92,8 +96,8 @@ def stop(why):
 for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(number, lambda *_: stop("CANCELLED"))
 with open(f"slurm-{job_id}.out", "ab") as out, open(f"slurm-{job_id}.err", "ab") as err:
-    job = subprocess.Popen(["bash", "./job.sbatch"], stdin=subprocess.DEVNULL, stdout=out,
-                           stderr=err, env=env)
+    job = subprocess.Popen(["bash", script], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                           env=env)
 if state is not None:  # cancelled while it started
     stop(state)
 while job.poll() is None:
@@ -112,15 +116,18 @@ while job.poll() is None:
 code = job.returncode if job.returncode >= 0 else 128 - job.returncode
 write(job_id + ".exit", f"{state or ('COMPLETED' if code == 0 else 'FAILED')} {code} "
       f"{int(time.time())}\n")
+os.unlink(script)
 """
 
-# The launcher: starts the runner in a new session, waits for its pid, prints it. $0 the
-# runner, $1 its Python, $2 the job dir, $3.. the runner's arguments from the walltime on.
+# The launcher: keeps the job script from its stdin in the state dir, starts the runner in a
+# new session, waits for its pid, prints it. $0 the runner, $1 its Python, $2 the job dir,
+# $3.. the runner's arguments from the walltime on.
 _LAUNCH = r"""
 umask 077
 d=__STATE__; mkdir -p -- "$d" && chmod 700 -- "$d" || exit 1
 find "$d" -maxdepth 1 -type f -mtime +30 -delete 2>/dev/null
 tag=$$.$(date +%s%N)
+cat >"$d/script-$tag" || exit 1
 setsid "$1" -c "$0" "$2" "$d" "$tag" "$3" "$4" "$5" "$6" "$7" \
   </dev/null >/dev/null 2>&1 &
 i=0
@@ -169,7 +176,8 @@ def scheduler_for(transport: Transport, *, shared: SharedQueue | None = None) ->
 
 def job_limits(script: str) -> dict[str, str]:
     """What the runner needs from a job script's ``#SBATCH`` lines, as sbatch reads them:
-    walltime and warning seconds, CPUs, memory in MB (each "" or "0" when unset)."""
+    walltime and warning seconds, CPUs, memory in MB (each "" or "0" when unset), the job's
+    working directory (``chdir``, "" when unset)."""
     options: dict[str, str] = {}
     for line in script.splitlines():
         if not line.startswith("#SBATCH "):
@@ -184,6 +192,7 @@ def job_limits(script: str) -> dict[str, str]:
         "warning": warning if warning.isdigit() else "0",
         "cpus": options.get("--cpus-per-task", ""),
         "mem": mem if mem.isdigit() else "",
+        "chdir": options.get("--chdir", ""),
     }
 
 
@@ -207,21 +216,27 @@ class LocalJobs(SlurmClient):
         return result.stdout
 
     # -- submit / cancel --------------------------------------------------------------------
-    async def submit(self, script_path: str, *, timeout: float = 60.0) -> str:
-        script = await self._sh('cat -- "$1"', script_path)
+    async def submit(self, script: str, *, timeout: float = 60.0) -> str:
+        """Start the job script (its text; or a path, read first) as a local job: its id.
+        The job runs in the script's ``--chdir`` (else the directory of its path)."""
+        path = None if is_script_text(script) else script
+        if path is not None:
+            script = await self._sh('cat -- "$1"', path)
         limits = job_limits(script)
-        job_dir = script_path.rsplit("/", 1)[0]
+        job_dir = limits["chdir"] or (path.rsplit("/", 1)[0] if path else "")
+        if not job_dir.startswith("/"):
+            raise SlurmError("local mode: the job script has no #SBATCH --chdir (its job dir)")
         args = [limits["limit"], limits["warning"], limits["cpus"], limits["mem"], str(KILL_GRACE)]
         self.commands_run += 1
         argv = ["bash", "-c", _LAUNCH, _RUNNER, sys.executable, job_dir, *args]
         try:
-            result = await self.transport.run(argv, timeout=timeout)
+            result = await self.transport.run(argv, input=script, timeout=timeout)
         except CommandError as exc:
             raise SlurmError(f"local mode could not start the job: {exc.stderr.strip()}") from None
         pid = result.stdout.strip()
         if not pid.isdigit():
             raise SlurmError(f"local mode: the job did not start (runner said {pid!r})")
-        log.info("started local job local-%s (%s)", pid, script_path)
+        log.info("started local job local-%s (%s)", pid, job_dir)
         return f"local-{pid}"
 
     async def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False):

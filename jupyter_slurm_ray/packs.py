@@ -5,7 +5,10 @@ local disk by the bootstrap (``bootstrap/unpack.py``) before Ray starts.
 
 The archive's name carries its key: a hash of the environment's kind, its Python version and
 the sorted names and versions of the distributions installed in it. While nothing is installed
-or removed, every ``up`` reuses the archive (here and on the cluster side).
+or removed, every ``up`` reuses the archive (here and on the cluster side). Each ``up`` also
+takes the archive's content hash (sha256 of the file as it is on the cluster side) and names
+it to the job beside the archive (``JSR_ENV_PACK_SHA256``): the nodes unpack only an archive
+with that content, so a pack replaced after ``up`` is refused there, never run.
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ from .transport import LocalTransport, Transport
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "PACK_SHA256_VARIABLE",
     "PACK_VARIABLE",
     "EnvironmentToPack",
+    "PackOnCluster",
     "bootstrap_command",
     "describe_environment",
     "environment_kind",
     "pack_argv",
     "pack_key",
+    "prepare_pack",
     "ship_pack",
 ]
 
 PACK_VARIABLE = "JSR_ENV_PACK"  # the job's variable naming the archive (bootstrap/unpack.py)
+PACK_SHA256_VARIABLE = "JSR_ENV_PACK_SHA256"  # ... and the content it must have
 PACKS_DIR = "packs"  # under the job dir root
 SUFFIX = {"venv": ".tar.gz", "conda": ".tar.gz", "pixi": ".tar"}
 TOOL = {"venv": "venv-pack", "conda": "conda-pack", "pixi": "pixi-pack"}
@@ -51,6 +58,7 @@ INSTALL = {
     "pixi": "pixi global install pixi-pack pixi-unpack (pixi-unpack is needed on the nodes too)",
 }
 PACK_TIMEOUT = 1800.0  # s a packing tool may take
+HASH_TIMEOUT = 600.0  # s sha256sum of an archive on the cluster side may take
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
@@ -66,6 +74,14 @@ class EnvironmentToPack:
     @property
     def archive_name(self) -> str:
         return f"env-{self.kind}-{self.key}{SUFFIX[self.kind]}"
+
+
+@dataclass(frozen=True)
+class PackOnCluster:
+    """An archive as the job names it: its path on the cluster side and its content hash."""
+
+    path: str
+    sha256: str
 
 
 def environment_kind(prefix: str, base_prefix: str) -> str:
@@ -186,7 +202,8 @@ def _say(line: str) -> None:
     print(f"[environment pack] {line}", file=sys.stderr, flush=True)
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where this machine keeps the packs it made and sent elsewhere, by archive name."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "jupyter-slurm-ray" / "packs"
 
@@ -200,8 +217,48 @@ def _root_is_here(transport: Transport) -> bool:
     return isinstance(transport, LocalTransport) and not transport.command_prefix
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+async def archive_sha256(transport: Transport, path: str) -> str | None:
+    """The content hash of the archive ``path`` on the cluster side; None when it is missing."""
+    if _root_is_here(transport):
+        try:
+            return await asyncio.to_thread(file_sha256, Path(path))
+        except FileNotFoundError:
+            return None
+    program = '[ -f "$1" ] || exit 3; exec sha256sum -- "$1"'
+    done = await transport.run(["sh", "-c", program, "sh", path], timeout=HASH_TIMEOUT, check=False)
+    if done.returncode == 3:
+        return None
+    digest = done.stdout.split()[0] if done.returncode == 0 and done.stdout.split() else ""
+    if len(digest) != 64:
+        raise SlurmRayError(f"cannot hash the environment pack {path}: {done.stderr.strip()}")
+    return digest
+
+
+async def prepare_pack(
+    transport: Transport, env: EnvironmentToPack, job_dir_root: str
+) -> PackOnCluster:
+    """The archive the job will name, with its content hash: the cluster side's copy if it
+    has one; else this side's (packed first if missing), which ``ship_pack`` then sends."""
+    remote = remote_archive(env, job_dir_root)
+    digest = await archive_sha256(transport, remote)
+    if digest is None:
+        here = Path(remote).parent if _root_is_here(transport) else cache_dir()
+        archive = await asyncio.to_thread(local_archive, env, here)
+        digest = await asyncio.to_thread(file_sha256, archive)
+    return PackOnCluster(remote, digest)
+
+
 async def ship_pack(transport: Transport, env: EnvironmentToPack, job_dir_root: str) -> str:
-    """The archive's path on the cluster side: packed here and sent there only if missing."""
+    """The archive's path on the cluster side: packed here and sent there only if missing
+    (and then checked to have arrived as it left)."""
     remote = remote_archive(env, job_dir_root)
     exists = await transport.run(["test", "-f", remote], check=False)
     if exists.returncode == 0:
@@ -210,23 +267,39 @@ async def ship_pack(transport: Transport, env: EnvironmentToPack, job_dir_root: 
     if _root_is_here(transport):
         await asyncio.to_thread(local_archive, env, Path(remote).parent)
         return remote
-    archive = await asyncio.to_thread(local_archive, env, _cache_dir())
+    archive = await asyncio.to_thread(local_archive, env, cache_dir())
     started = time.monotonic()
     bar = progress_display(f"sending {archive.name}", archive.stat().st_size)
     await transport.run(["mkdir", "-p", "-m", "700", "--", os.path.dirname(remote)])
     await transport.send_file(str(archive), remote, bar)
+    sent, arrived = (
+        await asyncio.to_thread(file_sha256, archive),
+        await archive_sha256(transport, remote),
+    )
+    if arrived != sent:
+        await transport.run(["rm", "-f", "--", remote], check=False)
+        raise SlurmRayError(
+            f"the environment pack sent to {transport.target}:{remote} arrived different "
+            f"(sha256 {arrived}, sent {sent}); it was removed: run up again"
+        )
     _say(f"sent {archive.name} to {transport.target} in {time.monotonic() - started:.1f} s")
     return remote
 
 
-def bootstrap_command(command: list[str], archive: str) -> list[str]:
-    """The job's bootstrap command (``JobDir.bootstrap_command``) with the pack named to it.
+def bootstrap_command(command: list[str], pack: PackOnCluster) -> list[str]:
+    """The job's bootstrap command (``JobDir.bootstrap_command``) with the pack named to it,
+    and the content it must have.
 
-    ``env NAME=VALUE`` keeps the name visible in the job script; srun passes it on to the
+    ``env NAME=VALUE`` keeps the names visible in the job script; srun passes them on to the
     workers. The bootstrap itself runs on the nodes' own Python (it needs only the standard
     library); Ray runs from the unpacked environment.
     """
-    return ["env", f"{PACK_VARIABLE}={archive}", *command]
+    return [
+        "env",
+        f"{PACK_VARIABLE}={pack.path}",
+        f"{PACK_SHA256_VARIABLE}={pack.sha256}",
+        *command,
+    ]
 
 
 def bootstrap_python(spec: ClusterSpec) -> str | None:

@@ -71,10 +71,13 @@ __all__ = [
 ]
 
 # sbatch lets SBATCH_* variables of the submitting environment override the script's #SBATCH
-# lines; without them the job is exactly what ``script()`` shows. (Constant; path is "$1".)
+# lines; without them the job is exactly what ``script()`` shows. The script comes on stdin:
+# what Slurm keeps is the text that was checked, never a file someone could swap by its path.
+# (Constant; "$1", when given, is the path of a script file, read through the same stdin.)
 _SBATCH_CLEAN_ENV = (
     'for v in $(env | sed -n "s/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/\\1/p"); do unset "$v"; done; '
-    'exec sbatch --parsable "$1"'
+    '[ $# = 0 ] || exec <"$1"; '
+    "exec sbatch --parsable"
 )
 # The command in "$@", for the user running it: sacctmgr needs the user's name, which only the
 # other side knows (runuser, SSH). (Constant; the arguments are the package's own.)
@@ -121,21 +124,26 @@ class SlurmClient:
         return answer.stdout
 
     # -- submit / cancel --------------------------------------------------------------------
-    async def submit(self, script_path: str, *, timeout: float = 60.0) -> str:
-        """Submit the job script at ``script_path``; return the job id.
+    async def submit(self, script: str, *, timeout: float = 60.0) -> str:
+        """Submit a job script; return the job id.
+
+        ``script`` is the script's text (it starts with ``#!``, as sbatch requires), given to
+        sbatch on its stdin: the job is exactly this text, whatever happens to the copy the
+        caller keeps in the job dir. Anything else is taken as the path of a script file,
+        read as sbatch's stdin in the same command.
 
         A TransportError (timeout, connection lost) means the outcome is unknown: the job may
         exist. Callers look it up by its tag (:meth:`find_tagged`) before giving up.
         """
         self.commands_run += 1
-        argv = ["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", script_path]
+        text, path = (script, None) if is_script_text(script) else (None, script)
+        argv = ["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", *([path] if path else [])]
+        shown = path or "the job script (stdin)"
         try:
-            result = await self.transport.run(argv, timeout=timeout)
+            result = await self.transport.run(argv, input=text, timeout=timeout)
         except CommandError as error:
             # named for sbatch, not for the sh that runs it (the words are sbatch's)
-            exc = CommandError(
-                ["sbatch", script_path], error.returncode, error.stdout, error.stderr
-            )
+            exc = CommandError(["sbatch", shown], error.returncode, error.stdout, error.stderr)
             if exc.returncode == 127:  # no sbatch on this machine: nothing was queued
                 missing = f"sbatch is not installed here: {_first_line(exc.stderr)}"
                 raise SlurmUnavailable(missing) from None
@@ -146,7 +154,7 @@ class SlurmClient:
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()!r} instead of a job id")
-        log.info("submitted job %s (%s)", job_id, script_path)
+        log.info("submitted job %s (%s)", job_id, shown)
         return job_id
 
     async def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False):
@@ -301,6 +309,11 @@ class SlurmClient:
         """The job id of the active job tagged for ``cluster_id`` (the newest), or None."""
         jobs = [j for j, c in (await self.tagged_jobs()).items() if c == cluster_id]
         return max(jobs, key=int) if jobs else None
+
+
+def is_script_text(script: str) -> bool:
+    """A job script's text rather than a path: it starts with ``#!`` (sbatch's own rule)."""
+    return script.startswith("#!")
 
 
 def _parse_queue(output: str) -> dict[str, JobInfo]:

@@ -1,9 +1,11 @@
 """Submitting a cluster's job so that no job is ever left without its record.
 
 The job dir root is checked and the script rendered before anything is written; the job dir
-is then written in one command and sbatch'd. When sbatch's outcome is unknown (it timed out,
-the SSH connection dropped during the submit), the job is looked up by its tag before anything
-is cleaned up, and adopted if it exists. When nothing was queued, nothing is left behind.
+is then written in one command (with ``job.sbatch``, the record of what was submitted) and the
+script's text given to sbatch on its stdin, so the job is what was rendered here. When
+sbatch's outcome is unknown (it timed out, the SSH connection dropped during the submit), the
+job is looked up by its tag before anything is cleaned up, and adopted if it exists. When
+nothing was queued, nothing is left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .errors import (
     SubmitOutcomeUnknown,
     TransportError,
 )
-from .jobdir import SCRIPT, JobDir, probe_site
+from .jobdir import JobDir, probe_site
 from .jobscript import render_job_script
 from .localjobs import with_local_mode_hint
 from .slurm import SlurmClient
@@ -34,13 +36,17 @@ __all__ = ["SubmitOutcomeUnknown", "prepare", "submit", "submit_or_adopt"]
 async def prepare(
     transport: Transport, spec: ClusterSpec, cluster_id: str, job_dir: str | None = None
 ) -> tuple[JobDir, str]:
-    """The job dir (its root checked; nothing written yet) and the job script for it."""
+    """The job dir (its root checked; nothing written there yet) and the job script for it.
+
+    With ``environment = "pack"``, the script names the archive and its content hash: the
+    environment is packed on this side first if neither side has the archive yet."""
     site = await probe_site(transport, spec.job_dir_root)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
     command = directory.bootstrap_command(packs.bootstrap_python(spec))
-    if spec.environment == "pack":  # named by what is installed; shipped by submit()
-        archive = packs.remote_archive(packs.describe_environment(), site.job_dir_root)
-        command = packs.bootstrap_command(command, archive)
+    if spec.environment == "pack":  # named by what is installed, with its content's hash
+        env = packs.describe_environment()  # (packed here if missing; shipped by submit())
+        pack = await packs.prepare_pack(transport, env, site.job_dir_root)
+        command = packs.bootstrap_command(command, pack)
     script = render_job_script(
         spec,
         cluster_id=cluster_id,
@@ -75,7 +81,7 @@ async def submit(
         forget_record()  # nothing was written: leave nothing behind
         raise
     try:
-        return await submit_or_adopt(slurm, job_dir.file(SCRIPT), cluster_id, timeout=timeout)
+        return await submit_or_adopt(slurm, script, cluster_id, timeout=timeout)
     except SlurmError as exc:  # nothing was queued
         forget_record()
         await job_dir.remove()
@@ -85,15 +91,16 @@ async def submit(
 
 
 async def submit_or_adopt(
-    slurm: SlurmClient, script_path: str, cluster_id: str, *, timeout: float
+    slurm: SlurmClient, script: str, cluster_id: str, *, timeout: float
 ) -> str:
-    """The job id of the submitted job script (or of the job a lost answer had queued).
+    """The job id of the submitted job script, its text on sbatch's stdin (or of the job a
+    lost answer had queued).
 
     SlurmError: nothing was queued (Slurm refused, or the lookup found no job).
     SubmitOutcomeUnknown: maybe queued; the caller keeps the record so ``gc`` can find it.
     """
     try:
-        return await slurm.submit(script_path, timeout=timeout)
+        return await slurm.submit(script, timeout=timeout)
     except SlurmError:
         raise
     except TransportError as exc:

@@ -4,6 +4,7 @@ only that venv has; a second up reuses the archive. A corrupt archive fails the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -94,10 +95,12 @@ def test_a_corrupt_archive_fails_the_cluster_fast_with_the_reason(tmp_path, test
     env = packs.describe_environment()
     real_root = run_sync(transport.expand_path(root))
     archive = packs.remote_archive(env, real_root)
-    unpacked = f"/tmp/jsr-{alice_uid()}/env-{env.kind}-{env.key}"
+    garbage = "this is not a tar archive\n"
+    content = hashlib.sha256(garbage.encode()).hexdigest()[:16]  # what it would unpack to
+    unpacked = f"/tmp/jsr-{alice_uid()}/env-{env.kind}-{env.key}-{content}"
     run_sync(transport.run(["rm", "-rf", "--", unpacked]))
     run_sync(transport.make_dir(os.path.dirname(archive)))
-    run_sync(transport.write_file(archive, "this is not a tar archive\n"))
+    run_sync(transport.write_file(archive, garbage))
     cluster = SlurmRayCluster(spec, transport, registry=Registry(tmp_path / "state"))
     try:
         with pytest.raises(RayStartError) as info:

@@ -48,6 +48,9 @@ Every event line has t (time.time()), event, host and role (head|worker); then:
     head_ready           joined, wanted: the head answers (connection.json written): clients
                          may connect while the workers still join
     ready                gcs_address, node_count, elapsed: every node joined
+    env_pack             prefix, reused, seconds: the job's environment pack is unpacked here
+    env_pack_replaced    archive, expected, found: the pack's content is not the one the job
+                         was submitted with (sha256): nothing unpacked; an error follows
     walltime_warning, lease_stale (idle_timeout), error (reason, log), stopped
                          (reason, exit_code, killed)
 
@@ -64,7 +67,8 @@ drain-node`: no new tasks; the raylet exits once idle), waits up to the drain ti
     worker_draining      ip, node_id, accepted, timeout: Ray was asked to drain this node
 
 Before reading bootstrap.json, the job dir and each parent must belong to this user or root
-and be writable by no one else (root's sticky dirs such as /tmp excepted), else: error.
+and be writable by no one else, through their mode or an ACL (root's sticky dirs such as /tmp
+excepted), else: error. The same holds for the environment pack's directory.
 Ports are claimed under a lock in bootstrap.json's lock_dir (a real directory; the site's or
 user's choice), else in /tmp/jupyter-slurm-ray-ports if root provides it (owned by root,
 sticky), else in the private /tmp/jsr-<uid>/ports; only believable claims are honoured.

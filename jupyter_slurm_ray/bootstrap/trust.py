@@ -1,4 +1,5 @@
-"""What the bootstrap may trust on a shared node: the job dir's path, private dirs, plain files."""
+"""What the bootstrap may trust on a shared node: the job dir's path (modes, owners, ACLs),
+private dirs, plain files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from acls import acl_problem
 from jsr_base import BootstrapError
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -19,7 +21,9 @@ def path_problem(path: Path, uid: int) -> str | None:
     """Why path (absolute, symlinks resolved) could be changed by another user, or None.
 
     The directory and each parent up to / must belong to uid or root and be writable by
-    neither group nor others, except root's sticky directories such as /tmp.
+    neither group nor others, through their mode or an ACL (``acls.py``; the directory's own
+    default ACL too: what is created in it gets it), except root's sticky directories such
+    as /tmp.
     """
     for directory in (path, *path.parents):
         try:
@@ -29,6 +33,9 @@ def path_problem(path: Path, uid: int) -> str | None:
         mode = stat.S_IMODE(info.st_mode)
         if info.st_uid not in (uid, 0):
             return f"{directory} belongs to uid {info.st_uid}, not to this user (uid {uid}) or root"
+        granted = acl_problem(str(directory), uid, created_here=directory == path)
+        if granted:
+            return granted
         if mode & 0o022 and not (info.st_uid == 0 and mode & stat.S_ISVTX):
             who = (
                 "group and others"

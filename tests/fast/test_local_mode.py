@@ -109,7 +109,13 @@ async def test_without_slurm_the_error_suggests_local_mode() -> None:
 def test_the_runner_reads_the_limits_from_the_sbatch_lines_as_sbatch_would() -> None:
     spec = ClusterSpec(mode="local", time="1:30:00", cpus_per_node=2, mem_per_node="3G")
     script = render_job_script(spec, cluster_id="ray-0badf00d", job_dir="/j/d", command=["true"])
-    assert job_limits(script) == {"limit": "5400", "warning": "120", "cpus": "2", "mem": "3072"}
+    assert job_limits(script) == {
+        "limit": "5400",
+        "warning": "120",
+        "cpus": "2",
+        "mem": "3072",
+        "chdir": "/j/d",
+    }
     bare = render_job_script(
         ClusterSpec(time="5"), cluster_id="ray-0badf00d", job_dir="/j", command=["true"]
     )
@@ -227,7 +233,7 @@ async def test_a_machine_without_sbatch_is_silence_that_suggests_local_mode(
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # a shell, no sbatch: exit status 127
     slurm = SlurmClient(LocalTransport())
     with pytest.raises(SlurmUnavailable) as error:
-        await slurm.submit(str(tmp_path / "job.sbatch"))
+        await slurm.submit("#!/bin/bash\ntrue\n")
     assert "sbatch is not installed here" in str(error.value)
 
 

@@ -3,6 +3,7 @@ the setting's validation, the job's command, and the bootstrap's unpack on a rea
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import sys
@@ -92,8 +93,14 @@ def test_with_a_pack_the_job_names_it_and_the_bootstrap_runs_on_python3() -> Non
     assert packs.bootstrap_python(spec) == "python3"
     assert packs.bootstrap_python(spec.replace(python="/opt/py/bin/python")) == "/opt/py/bin/python"
     assert packs.bootstrap_python(ClusterSpec()) is None
-    command = packs.bootstrap_command(["python3", "/j/bootstrap", "head", "/j"], "/r/packs/a")
-    assert command == ["env", "JSR_ENV_PACK=/r/packs/a", "python3", "/j/bootstrap", "head", "/j"]
+    pack = packs.PackOnCluster("/r/packs/a", "5" * 64)
+    command = packs.bootstrap_command(["python3", "/j/bootstrap", "head", "/j"], pack)
+    assert command == [
+        "env",
+        "JSR_ENV_PACK=/r/packs/a",
+        f"JSR_ENV_PACK_SHA256={'5' * 64}",
+        *["python3", "/j/bootstrap", "head", "/j"],
+    ]
 
 
 def _archive(path: Path, files: dict[str, str]) -> Path:
@@ -114,40 +121,105 @@ def node_tmp(tmp_path, monkeypatch) -> Path:
     return moved
 
 
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_unpacked_once_then_reused_and_put_first_on_path(tmp_path, node_tmp) -> None:
     archive = _archive(
         tmp_path / ("env-venv-" + "a" * 16 + ".tar.gz"),
         {"pyvenv.cfg": "home = /usr/bin\n", "bin/python": "", "lib/marker.py": "x = 1\n"},
     )
+    digest = sha256_of(archive)
     events: list[tuple[str, dict]] = []
-    environ = {"JSR_ENV_PACK": str(archive), "PATH": "/usr/bin", "PYTHONHOME": "/x"}
+    environ = {
+        "JSR_ENV_PACK": str(archive),
+        "JSR_ENV_PACK_SHA256": digest,
+        "PATH": "/usr/bin",
+        "PYTHONHOME": "/x",
+    }
     unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, environ)
-    prefix = node_tmp / ("env-venv-" + "a" * 16)
+    prefix = node_tmp / f"env-venv-{'a' * 16}-{digest[:16]}"  # named by its content too
     assert (prefix / "lib" / "marker.py").read_text() == "x = 1\n"
-    assert (prefix / unpack.MARKER).is_file()
+    assert (prefix / unpack.MARKER).read_text().split()[0] == digest
     assert environ["PATH"] == f"{prefix}/bin:/usr/bin" and environ["VIRTUAL_ENV"] == str(prefix)
     assert "PYTHONHOME" not in environ
     unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, environ)
     assert [kw["reused"] for _, kw in events] == [False, True]
     assert environ["PATH"] == f"{prefix}/bin:/usr/bin"  # not twice
-    assert (tmp_path / "env-pack").read_text() == f"{archive}\n"  # for the worker jobs
+    assert (tmp_path / "env-pack").read_text() == f"{archive}\n{digest}\n"  # for worker jobs
     worker_job = {"PATH": "/usr/bin"}  # a worker job's environment: no JSR_ENV_PACK
     unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, worker_job)
     assert worker_job["PATH"] == f"{prefix}/bin:/usr/bin"
+
+
+def test_a_replaced_archive_is_refused_with_an_event_and_nothing_unpacked(tmp_path, node_tmp):
+    archive = _archive(tmp_path / ("env-venv-" + "9" * 16 + ".tar.gz"), {"bin/python": ""})
+    submitted = sha256_of(archive)
+    _archive(archive, {"bin/python": "", "lib/evil.py": "import os\n"})  # replaced after up
+    events: list[tuple[str, dict]] = []
+    environ = {"JSR_ENV_PACK": str(archive), "JSR_ENV_PACK_SHA256": submitted}
+    with pytest.raises(unpack.PackReplaced) as info:
+        unpack.activate_pack(lambda name, **kw: events.append((name, kw)), tmp_path, environ)
+    reason = info.value.reason
+    assert f"the environment pack {archive} on " in reason and "was replaced after up" in reason
+    assert submitted in reason and sha256_of(archive) in reason and f"rm {archive}" in reason
+    assert events == [
+        (
+            "env_pack_replaced",
+            {"archive": str(archive), "expected": submitted, "found": sha256_of(archive)},
+        )
+    ]
+    assert not [p for p in node_tmp.iterdir() if not p.name.endswith(".lock")]  # nothing
+
+
+def test_a_reused_unpacked_pack_must_have_the_same_content(tmp_path, node_tmp) -> None:
+    """An archive of the same name but another content is unpacked beside, not taken for it."""
+    archive = _archive(
+        tmp_path / ("env-venv-" + "8" * 16 + ".tar.gz"), {"bin/python": "", "v": "1"}
+    )
+    first, _ = unpack.unpacked(archive, sha256_of(archive))
+    _archive(archive, {"bin/python": "", "v": "2"})
+    second, reused = unpack.unpacked(archive, sha256_of(archive))
+    assert not reused and second != first
+    assert (first / "v").read_text() == "1" and (second / "v").read_text() == "2"
+
+
+def test_a_pack_without_its_hash_is_refused(tmp_path, node_tmp) -> None:
+    archive = _archive(tmp_path / ("env-venv-" + "7" * 16 + ".tar.gz"), {"bin/python": ""})
+    with pytest.raises(BootstrapError, match="without its content hash"):
+        unpack.activate_pack(lambda *a, **k: None, tmp_path, {"JSR_ENV_PACK": str(archive)})
+    (tmp_path / "env-pack").write_text(f"{archive}\n")  # a worker job's file, without it
+    with pytest.raises(BootstrapError, match="without its content hash"):
+        unpack.activate_pack(lambda *a, **k: None, tmp_path, {})
+
+
+def test_an_archive_others_may_change_is_refused(tmp_path, node_tmp) -> None:
+    archive = _archive(tmp_path / ("env-venv-" + "6" * 16 + ".tar.gz"), {"bin/python": ""})
+    archive.chmod(0o666)
+    with pytest.raises(BootstrapError, match=r"not safe to unpack: it is writable by other"):
+        unpack.unpacked(archive, sha256_of(archive))
+    archive.chmod(0o600)
+    tmp_path.chmod(0o777)
+    try:
+        with pytest.raises(BootstrapError, match=r"directory .* is not safe to unpack from"):
+            unpack.unpacked(archive, sha256_of(archive))
+    finally:
+        tmp_path.chmod(0o700)
 
 
 def test_a_corrupt_archive_names_the_node_and_leaves_nothing(tmp_path, node_tmp) -> None:
     archive = tmp_path / ("env-venv-" + "b" * 16 + ".tar.gz")
     archive.write_text("not a tar file")
     with pytest.raises(BootstrapError, match="cannot unpack the environment pack") as info:
-        unpack.unpacked(archive)
+        unpack.unpacked(archive, sha256_of(archive))
     assert str(archive) in info.value.reason and info.value.log
     assert not list(node_tmp.glob("*env-venv-*[!k]"))  # no half-unpacked directory
 
 
 def test_a_name_that_is_not_a_pack_is_refused(tmp_path, node_tmp) -> None:
     with pytest.raises(BootstrapError, match="does not name an environment pack"):
-        unpack.unpacked(tmp_path / "env.tar.gz")
+        unpack.unpacked(tmp_path / "env.tar.gz", "0" * 64)
 
 
 def test_unpacked_packs_unused_for_long_are_pruned(tmp_path) -> None:
@@ -211,3 +283,48 @@ async def test_shipping_elsewhere_sends_the_cached_archive(tmp_path, monkeypatch
     cached = tmp_path / "cache" / "jupyter-slurm-ray" / "packs" / env.archive_name
     assert Path(sent).read_bytes() == cached.read_bytes() == b"archive\n"
     assert oct(Path(sent).stat().st_mode & 0o777) == "0o600"
+
+
+async def test_the_job_gets_the_hash_of_the_copy_it_will_unpack(tmp_path, monkeypatch) -> None:
+    """prepare_pack: the cluster side's archive when it has one (hashed there), else this
+    side's, packed first; ship_pack then sends exactly that file."""
+    from jupyter_slurm_ray.transport import LocalTransport
+
+    tool, runs = _fake_tool(tmp_path)
+    monkeypatch.setattr(packs, "find_tool", lambda env: tool)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = packs.EnvironmentToPack("venv", "/e/v", "c" * 16)
+    root = str(tmp_path / "jobs")
+    elsewhere = LocalTransport(["env"])
+    before = await packs.prepare_pack(elsewhere, env, root)  # nothing there yet: packed here
+    assert before.path == f"{root}/packs/{env.archive_name}" and not Path(before.path).exists()
+    assert before.sha256 == hashlib.sha256(b"archive\n").hexdigest()
+    await packs.ship_pack(elsewhere, env, root)
+    Path(before.path).write_bytes(b"another archive\n")  # the cluster side's copy differs
+    after = await packs.prepare_pack(elsewhere, env, root)
+    assert after == packs.PackOnCluster(
+        before.path, hashlib.sha256(b"another archive\n").hexdigest()
+    )
+    here = await packs.prepare_pack(LocalTransport(), env, root)  # hashed in this process
+    assert here == after and runs.read_text() == "run\n"
+
+
+async def test_a_pack_that_arrives_different_is_removed_and_refused(tmp_path, monkeypatch) -> None:
+    from jupyter_slurm_ray.errors import SlurmRayError
+    from jupyter_slurm_ray.transport import LocalTransport
+
+    tool, _ = _fake_tool(tmp_path)
+    monkeypatch.setattr(packs, "find_tool", lambda env: tool)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = packs.EnvironmentToPack("venv", "/e/v", "d" * 16)
+    elsewhere = LocalTransport(["env"])
+
+    async def torn(local: str, remote: str, progress=None) -> None:
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        Path(remote).write_bytes(Path(local).read_bytes()[:3])
+
+    monkeypatch.setattr(elsewhere, "send_file", torn)
+    with pytest.raises(SlurmRayError, match="arrived different") as error:
+        await packs.ship_pack(elsewhere, env, str(tmp_path / "jobs"))
+    assert not Path(packs.remote_archive(env, str(tmp_path / "jobs"))).exists()
+    assert "run up again" in str(error.value)

@@ -181,7 +181,7 @@ async def test_sbatch_gets_no_sbatch_variables_of_the_submitting_environment(
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SBATCH_PARTITION", "short")
     monkeypatch.setenv("SBATCH_TIMELIMIT", "1")
-    job_id = await SlurmClient(LocalTransport()).submit(str(tmp_path / "job.sbatch"))
+    job_id = await SlurmClient(LocalTransport()).submit("#!/bin/bash\ntrue\n")
     assert job_id == "4242"
     assert (bin_dir / "sbatch-environment").read_text() == ""
 

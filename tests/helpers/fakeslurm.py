@@ -41,7 +41,7 @@ NO_ACCOUNTING = (
 @dataclass
 class FakeJob:
     job_id: str
-    script_path: str
+    script_path: str  # the file submitted, or for a script on stdin its copy in the job dir
     comment: str = ""
     name: str = "ray"
     state: str = "PENDING"
@@ -53,6 +53,7 @@ class FakeJob:
     forgotten: bool = False  # past MinJobAge and without accounting: Slurm knows it no more
     start: str = "N/A"  # actual start, or Slurm's estimate while PENDING
     usage: list[str] = field(default_factory=list)  # sacct usage lines (USAGE_FIELDS)
+    script: str = ""  # the text sbatch got
 
 
 @dataclass
@@ -94,21 +95,32 @@ class FakeSlurm:
         if self.down and command != "sacct" and argv[1:] != ["--version"]:  # asks no one
             return _result(argv, 1, "", NO_CONTROLLER)
         handler = getattr(self, f"_{command}")
-        return handler(list(argv))
+        return handler(list(argv), input) if command == "sbatch" else handler(list(argv))
 
-    def _sbatch(self, argv: list[str]) -> CommandResult:
+    def _sbatch(self, argv: list[str], input: str | None = None) -> CommandResult:
+        """sbatch SCRIPT, or sbatch with the script on stdin (as sbatch, the job dir is
+        ``--chdir``'s; the script's copy is its job.sbatch)."""
         if argv[1:] == ["--version"]:
             return _result(argv, 0, "slurm 22.05.8\n")
         if self.refuse_submit:
             return _result(argv, 1, "", f"sbatch: error: {self.refuse_submit}")
-        path = argv[-1]
-        with open(path) as script:
-            text = script.read()
+        if len(argv) > 1:
+            path = argv[-1]
+            with open(path) as script:
+                text = script.read()
+        else:
+            text = input or ""
+            chdir = re.search(r"^#SBATCH --chdir=(\S+)", text, re.M)
+            path = f"{chdir.group(1) if chdir else '.'}/job.sbatch"
         comment = re.search(r"^#SBATCH --comment=(\S+)", text, re.M)
         name = re.search(r"^#SBATCH --job-name=(\S+)", text, re.M)
         job_id = str(next(self._ids))
         self.jobs[job_id] = FakeJob(
-            job_id, path, comment.group(1) if comment else "", name.group(1) if name else ""
+            job_id,
+            path,
+            comment.group(1) if comment else "",
+            name.group(1) if name else "",
+            script=text,
         )
         return _result(argv, 0, f"{job_id}\n")
 
@@ -249,9 +261,10 @@ class FakeTransport(LocalTransport):
 def _slurm_argv(argv: Sequence[str], user: str = "alice") -> list[str] | None:
     if argv and argv[0] in SLURM_COMMANDS:
         return list(argv)
-    # the package submits through a constant program: sh -c PROGRAM sbatch SCRIPT
-    if len(argv) == 5 and argv[:2] == ["sh", "-c"] and argv[3] == "sbatch":
-        return ["sbatch", argv[4]]
+    # the package submits through a constant program: sh -c PROGRAM sbatch [SCRIPT] (without
+    # SCRIPT, the script is on stdin)
+    if len(argv) in (4, 5) and argv[:2] == ["sh", "-c"] and argv[3] == "sbatch":
+        return ["sbatch", *argv[4:]]
     # ... and asks sacctmgr as the user: sh -c AS_THIS_USER NAME COMMAND... (adds user=NAME)
     if len(argv) > 4 and list(argv[:3]) == ["sh", "-c", AS_THIS_USER] and argv[4] in SLURM_COMMANDS:
         return [*argv[4:], f"user={user}"]

@@ -46,9 +46,9 @@ def run_tasks() -> list[list[str]]:
 
 def forget_every_copy(transport, env: packs.EnvironmentToPack, root: str) -> None:
     """The archive here, on the cluster side, and unpacked on the nodes: removed."""
-    (packs._cache_dir() / env.archive_name).unlink(missing_ok=True)
-    unpacked = f"/tmp/jsr-$(id -u)/env-{env.kind}-{env.key}"
-    script = f'rm -rf -- "$1" {unpacked}'
+    (packs.cache_dir() / env.archive_name).unlink(missing_ok=True)
+    unpacked = f"/tmp/jsr-$(id -u)/env-{env.kind}-{env.key}"  # and -<content hash> after it
+    script = f'rm -rf -- "$1" {unpacked} {unpacked}-*'
     remote = packs.remote_archive(env, root)
     run_sync(transport.run(["sh", "-c", script, "sh", remote]))
 
@@ -74,7 +74,7 @@ def scale_out(cluster: SlurmRayCluster, seen: dict) -> None:
 def archive_copies(transport, env: packs.EnvironmentToPack, root: str) -> dict:
     """Where the archive is, here (the laptop's cache) and on the cluster side: inode, mtime
     (ns) and size of each, so that a second up can be shown not to pack or send it again."""
-    here = (packs._cache_dir() / env.archive_name).stat()
+    here = (packs.cache_dir() / env.archive_name).stat()
     there = run_sync(transport.run(["stat", "-c", "%i %.9Y %s", packs.remote_archive(env, root)]))
     return {
         "laptop": [here.st_ino, here.st_mtime_ns, here.st_size],
