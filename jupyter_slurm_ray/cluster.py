@@ -26,6 +26,7 @@ from . import connect as ray_client
 from . import submission
 from .adapt import ClusterAdapting
 from .aio import blocking, run_sync
+from .clientevents import append_event
 from .clientside import ClientSide
 from .clusterscaling import ClusterScaling
 from .errors import (
@@ -41,7 +42,7 @@ from .lease import Lease
 from .localjobs import scheduler_for
 from .naming import new_cluster_id
 from .registry import ClusterRecord, Registry
-from .scaling import WorkerJobs, append_event
+from .scaling import WorkerJobs
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until
