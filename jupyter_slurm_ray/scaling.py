@@ -323,6 +323,11 @@ class WorkerJobs:
         self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time(), group=group)
         if self._following is not None:
             self.follow(*self._following)
+        self.changed()
+
+    def changed(self) -> None:
+        """A move changed them: the cluster's status and record show it now."""
+        if self._following is not None:
             self._following[1]()
 
     async def script(self, job_dir: str, minutes: int | None, group: str) -> str:

@@ -141,6 +141,7 @@ class Moves:
             drain = asyncio.ensure_future(self._see_out(running, deadline, poll))
             self._drains.update(dict.fromkeys((job.job_id for job in running), drain))
             drain.add_done_callback(lambda _: self._forget(drain))
+        self._jobs.changed()
         return [job.job_id for job in chosen]
 
     async def scale_to(

@@ -32,7 +32,7 @@ from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.watch import watcher_for
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
-from .helpers.faults import controller_paused
+from .helpers.faults import controller_paused, record_figure
 from .helpers.jobs import accounted_jobs, in_queue, jobs_with_comment, queue_state
 from .helpers.testbed import USER, runuser
 from .helpers.waiting import wait_for
@@ -330,7 +330,9 @@ def test_scale_is_refused_while_adapting_and_down_during_a_scale_out_leaves_no_j
             stopping = pool.submit(cluster.down)
             time.sleep(1)
             assert not stopping.done() and sbatch_in_flight(script)
+            resumed = time.monotonic()  # slurmctld goes on as the block ends
         stopping.result(timeout=120)
+        down_after_resume = time.monotonic() - resumed
     new = set(cluster.workers.jobs) - before
     assert len(new) == 1, cluster.workers.jobs  # the job of the sbatch in flight, recorded
     tag = worker_job_comment(cluster.id)
@@ -353,3 +355,9 @@ def test_scale_is_refused_while_adapting_and_down_during_a_scale_out_leaves_no_j
     uid = pwd.getpwnam(USER).pw_uid
     assert {accounted[job_id] for job_id in new} == {f"CANCELLED by {uid}"}, accounted
     assert cluster.state.is_final
+    record_figure(
+        "down while a worker job's sbatch is in flight (slurmctld paused, the scale interrupted)",
+        worker_jobs_queued=len(new),
+        worker_jobs_left=0,
+        down_returned_after_resume_s=round(down_after_resume, 1),
+    )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray import workermoves
 from jupyter_slurm_ray.adapt import Adapter
 from jupyter_slurm_ray.adaptpolicy import AdaptSettings, RayView, Shape
 from jupyter_slurm_ray.cluster import SlurmRayCluster
@@ -264,3 +265,22 @@ async def test_a_scale_request_the_owner_reads_while_adapting_is_refused_and_sho
     assert refusal["cause"].endswith(REFUSED)
     assert any("refused" in line for line in cluster.status.scaling)
     assert sbatches(slurm) == 1
+
+
+async def test_a_drain_holds_no_lock_and_what_outlives_it_is_cancelled_after(
+    make_cluster, slurm, monkeypatch
+):
+    monkeypatch.setattr(workermoves, "DRAIN_GRACE", 0.0)
+    cluster = await ready(make_cluster, slurm)
+    await cluster.scale_async(2)
+    (first,) = cluster.workers.jobs
+    slurm.run(first, "node2")
+    await until(lambda: cluster.workers.jobs[first].state == "RUNNING", 5, "it runs")
+    draining = asyncio.ensure_future(cluster.scale_async(1, drain_timeout=1.0))
+    await until(lambda: cluster.workers.draining() == [first], 5, "the drain begun")
+    assert "draining worker job" in cluster.status.scaling[-1]
+    await cluster.scale_async(2)  # not held up by the drain: a new job at once
+    assert len(cluster.workers.active()) == 1 and not draining.done()
+    await draining  # scale(1) returns once the drained job ended: here cancelled, its time up
+    assert slurm.job(first).state == "CANCELLED"
+    assert cluster.workers.draining() == []
