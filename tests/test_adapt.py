@@ -299,8 +299,8 @@ def sbatch_in_flight(script: str) -> bool:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid.isdigit() else []
         except OSError:
             continue
-        if script.encode() in argv and any(a.endswith(b"sbatch") for a in argv):
-            return True
+        if script.encode() in argv and any(os.path.basename(a) == b"sbatch" for a in argv):
+            return True  # (writing the script runs sh with its path, not sbatch)
     return False
 
 
