@@ -33,18 +33,20 @@ from .adaptpolicy import (
 )
 from .aio import blocking
 from .bootstrap import dashhttp
-from .errors import SlurmRayError
-from .scaling import append_event, worker_minutes
+from .clientevents import ADAPT_REQUEST, append_event, recorded_adapting, request_cause
+from .errors import Conflict, SlurmRayError
+from .scaling import worker_minutes
 from .watch import watcher_for
 from .workergroups import DEFAULT_GROUP
+from .workermoves import Moves
 
 if TYPE_CHECKING:
     from .cluster import SlurmRayCluster
+    from .registry import ClusterRecord
 
 log = logging.getLogger(__name__)
 
 ADAPT_EVENT = "adapt"
-ADAPT_REQUEST = "adapt_request"  # another process asks the owner to adapt (or to stop)
 INTERVAL = 2.0  # seconds between two looks at Ray's state (its monitor writes every ~5 s)
 SETTLE = 12.0  # a node that joined this recently may not show in Ray's demand yet
 DRAIN_TIMEOUT = 30.0
@@ -114,8 +116,15 @@ class Adapter:
 
     # -- one step -------------------------------------------------------------------------
     async def step(self) -> Decision:
-        """Read Ray's state, decide, act, tell."""
+        """Read Ray's state, then decide, act and tell as one change of worker jobs (after
+        any other under way: a scale, a rotation, a drain's end)."""
         view = await self.read_ray()
+        return await self.cluster.workers.exclusively(
+            lambda moves: self.decide_and_act(view, moves)
+        )
+
+    async def decide_and_act(self, view: RayView, moves: Moves) -> Decision:
+        """Decide on Ray's ``view`` and the worker jobs as they are now, and act."""
         now = time.time()
         self._note_idle(view, now)
         if view.demand or any(view.busy.values()):  # quiet: nothing waits, nothing runs
@@ -132,7 +141,7 @@ class Adapter:
             jobs,
             quiet_for=quiet_for,
         )
-        await self.apply(decision)
+        await self.apply(decision, moves)
         return decision
 
     def shape(self, view: RayView) -> Shape:
@@ -144,9 +153,15 @@ class Adapter:
         return Shape(float(spec.cpus_per_node or 1), float(spec.gpus_per_node), memory)
 
     def job_views(self, now: float) -> list[JobView]:
+        """The default group's active worker jobs as the policy sees them; a job whose
+        rotation replacement is on its way is rotation's (its replacement stands for it)."""
         joined_at, ips = self._joins()
+        active = self.cluster.workers.active(DEFAULT_GROUP)
+        active_ids = {job.job_id for job in active}
         views = []
-        for job in self.cluster.workers.active(DEFAULT_GROUP):
+        for job in active:
+            if job.replaced_by in active_ids:
+                continue
             ip = ips.get(job.job_id)
             idle_since = self._idle_since.get(ip) if ip else None
             at = joined_at.get(job.job_id)
@@ -185,36 +200,34 @@ class Adapter:
             if ip not in view.busy:
                 del self._idle_since[ip]
 
-    async def apply(self, decision: Decision) -> None:
+    async def apply(self, decision: Decision, moves: Moves) -> None:
         for key, message in decision.reports:
             if key not in self.memory.reported:
                 self.memory.reported.add(key)
                 await self._tell(message, report=key.split(":", 1)[0])
         if decision.submit:
-            await self._submit(decision)
+            await self._submit(decision, moves)
         elif decision.retire:
-            await self._retire(decision)
+            await self._retire(decision, moves)
 
-    async def _submit(self, decision: Decision) -> None:
+    async def _submit(self, decision: Decision, moves: Moves) -> None:
         cluster = self.cluster
         before = self._nodes()
         status = cluster.status
         minutes = worker_minutes(status.time_left, status.at, time.time())
-        ids = await cluster.workers.submit(decision.submit, cluster._job_dir().path, minutes)
+        ids = await moves.submit(decision.submit, cluster._job_dir().path, minutes)
         self.submitted += ids
-        cluster.workers.follow(
-            watcher_for(cluster.transport), cluster._update_state, cluster.poll_interval
-        )
         await self._scaled(before, ids, [], decision.cause)
 
-    async def _retire(self, decision: Decision) -> None:
+    async def _retire(self, decision: Decision, moves: Moves) -> None:
         cluster = self.cluster
         before = self._nodes()
-        ids = await cluster.workers.retire_ids(
-            decision.retire,
+        chosen = [job for job in cluster.workers.active() if job.job_id in decision.retire]
+        ids = await moves.retire(
+            chosen,
             cluster._job_dir().path,
-            drain_timeout=DRAIN_TIMEOUT,
-            poll=watcher_for(cluster.transport).poll_soon,
+            DRAIN_TIMEOUT,
+            watcher_for(cluster.transport).poll_soon,
         )
         self.retired += ids
         await self._scaled(before, [], ids, decision.cause)
@@ -247,6 +260,10 @@ class Adapter:
                 self.cluster.transport, self.cluster._job_dir().path, ADAPT_EVENT,
                 report=report, cause=message,
             )  # fmt: skip
+
+    def note(self, line: str) -> None:
+        """A line of the status' last decisions (e.g. a scale refused while adapting)."""
+        self._remember(line)
 
     def _remember(self, line: str) -> None:
         self.decisions.append(f"{time.strftime('%H:%M:%S')} {line}")
@@ -305,7 +322,7 @@ def _decision_line(event: dict[str, Any]) -> str | None:
         return f"{when} {before} → {after} nodes{of} ({'; '.join(moved)}): {event.get('cause')}"
     if kind == "rotated":
         return f"{when} rotation: {event.get('step')} {event.get('old')} → {event.get('new')}"
-    if kind in ("rotation_failed", ADAPT_EVENT) and event.get("cause"):
+    if kind in ("rotation_failed", "scale_refused", ADAPT_EVENT) and event.get("cause"):
         return f"{when} {event.get('cause')}"
     return None
 
@@ -411,17 +428,8 @@ class ClusterAdapting:
 
     request_adapt = blocking(request_adapt_async)
 
-    def _note_adapt_requests(self, events: list[dict[str, Any]], since: float) -> None:
-        """Adapt requests made after ``since`` (this owner's start): applied in order."""
-        for event in events:
-            t = event.get("t")
-            if event.get("event") == ADAPT_REQUEST and isinstance(t, int | float) and t >= since:
-                task = asyncio.ensure_future(self._apply_adapt_request(event))
-                self._requests.add(task)  # type: ignore[attr-defined]
-                task.add_done_callback(self._requests.discard)  # type: ignore[attr-defined]
-
     async def _apply_adapt_request(self, event: dict[str, Any]) -> None:
-        asked = f"asked by pid {event.get('pid')} on {event.get('host')}"
+        asked = request_cause(event)
         try:
             if event.get("off") is True:
                 await self.stop_adapting_async()
@@ -444,6 +452,27 @@ class ClusterAdapting:
 
     stop_adapting = blocking(stop_adapting_async)
 
+    def _refuse_while_adapting(self, group: str) -> None:
+        """Conflict when a manual scale of ``group`` would fight the adapt loop: adapt alone
+        sizes the default worker jobs while it runs (other groups are scaled by hand)."""
+        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        adapter = self.adapting
+        if adapter is not None and group == adapter.settings.group:
+            raise Conflict(adapter.settings.refuses_scale(cluster.spec.name))
+
+    async def _refuse_if_recorded_adapting(self, record: ClusterRecord) -> None:
+        """The same rule for another process: Conflict when the owner adapts, as its record
+        and the adapt requests made since it was written tell."""
+        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        settings = await recorded_adapting(record, cluster._job_dir())
+        if settings is not None:
+            raise Conflict(settings.refuses_scale(cluster.spec.name))
+
+    def _note_refusal(self, line: str) -> None:
+        """A scale request refused while adapting, shown with adapt's decisions."""
+        if self._adapter is not None:
+            self._adapter.note(line)
+
     @property
     def adapting(self) -> Adapter | None:
         """The running adaptive loop, if any (its settings, decisions, last error)."""
@@ -452,9 +481,14 @@ class ClusterAdapting:
 
     def _scaling_lines(self) -> tuple[str, ...]:
         """What the status shows of scaling: adapt's lines while it runs, else the last
-        scaling decisions (scale, rotation) told in the events, with their cause."""
+        scaling decisions (scale, rotation) told in the events, with their cause; then the
+        worker jobs being drained."""
+        cluster: SlurmRayCluster = self  # type: ignore[assignment]
         adapter = self._adapter
-        if adapter is not None:
-            return adapter.lines()
-        events: list[dict[str, Any]] = self._follower.events.events  # type: ignore[attr-defined]
-        return recent_decisions(events)
+        events = cluster._follower.events.events
+        lines = adapter.lines() if adapter is not None else recent_decisions(events)
+        draining = cluster.workers.draining()
+        if draining:
+            jobs = ", ".join(draining)
+            return (*lines, f"draining worker job {jobs}: it ends once its tasks are done")
+        return lines

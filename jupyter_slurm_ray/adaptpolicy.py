@@ -18,6 +18,7 @@ Nothing here asks Slurm or Ray: ``adapt.py`` reads Ray's autoscaler state (the d
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,10 +45,31 @@ class AdaptSettings:
     group: str = DEFAULT_GROUP
 
     def describe(self) -> str:
+        """The status' first scaling line while adapting (read back by :meth:`from_line`)."""
         return (
             f"adapting {self.minimum}-{self.maximum} nodes (idle {self.idle_timeout:g} s, "
             f"at most {self.max_pending} pending)"
         )
+
+    @classmethod
+    def from_line(cls, line: str) -> AdaptSettings | None:
+        """The settings a :meth:`describe` line shows (a record's first scaling line, read by
+        another process), else None."""
+        found = _DESCRIBED.fullmatch(line)
+        if found is None:
+            return None
+        low, high, idle, pending = found.groups()
+        return cls(int(low), int(high), float(idle), int(pending))
+
+    def refuses_scale(self, name: str) -> str:
+        """Why ``scale`` is refused while adapting (the default group), and what to do."""
+        return (
+            f"{name} is adapting between {self.minimum} and {self.maximum} nodes: change that "
+            "with `adapt --minimum N --maximum N`, or stop adapting with `adapt --off` first"
+        )
+
+
+_DESCRIBED = re.compile(r"adapting (\d+)-(\d+) nodes \(idle ([0-9.e+]+) s, at most (\d+) pending\)")
 
 
 def _whole(name: str, value: object, least: int) -> int:

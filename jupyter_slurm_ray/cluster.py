@@ -30,6 +30,7 @@ from . import connect as ray_client
 from . import submission
 from .adapt import ClusterAdapting
 from .aio import blocking, run_sync
+from .clientevents import append_event
 from .clientside import ClientSide
 from .clusterscaling import ClusterScaling
 from .errors import (
@@ -47,7 +48,7 @@ from .naming import new_cluster_id
 from .owner import ProcessIdentity
 from .ownership import Ownership, Role
 from .registry import ClusterRecord, Registry
-from .scaling import WorkerJobs, append_event
+from .scaling import WorkerJobs
 from .slurm import JobInfo, SlurmClient
 from .spec import ClusterSpec
 from .startup import wait_until

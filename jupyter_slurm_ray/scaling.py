@@ -1,10 +1,18 @@
 """A cluster's extra worker jobs: submitted to scale out, drained and cancelled to scale in.
 
 ``WorkerJobs`` owns them: which exist, what Slurm and their own events say about each, and
-the two moves a policy can make — :meth:`WorkerJobs.submit` (n more one-node jobs) and
-:meth:`WorkerJobs.retire` (n fewer: pending jobs cancelled first, newest first; then running
-ones drained through Ray, and cancelled once they ended or the drain timed out). Manual
-scaling (``SlurmRayCluster.scale``) decides how many; an adaptive policy can call the same two.
+the moves a policy can make (:class:`Moves`): ``submit`` (n more one-node jobs) and ``retire``
+(pending jobs cancelled at once; running ones drained through Ray, and cancelled once the
+drain timed out). Manual scaling (``SlurmRayCluster.scale``), the adaptive policy (adapt.py)
+and walltime rotation decide which.
+
+Every change of worker jobs (a scale, adapt's decisions, a rotation, the end of a drain,
+``cancel_all``) is one *move*, run by :meth:`WorkerJobs.exclusively` under one lock: a move
+decides on what the one before it left, an sbatch is never killed half way (a caller cancelled
+meanwhile is told once its job is recorded), the job of an sbatch whose answer was lost is
+adopted by its tag, and ``cancel_all`` (down, the head's end) waits for the move under way and
+cancels what it queued. Drains are seen out after their move, so the lock is never held for
+a drain's duration.
 
 A worker job is one node of the head's shape (``jobscript.render_job_script(..., worker=True)``),
 tagged ``jupyter-slurm-ray-worker:<cluster id>``, running ``bootstrap workerjob`` (see its
@@ -15,17 +23,17 @@ head or the owner is gone. Its events go to the cluster's ``events.jsonl`` with 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
-from .errors import SlurmError, SlurmRayError, SpecError
-from .jobdir import EVENTS, JobDir, probe_site
+from .errors import (
+    SlurmRayError,
+    SpecError,
+)
+from .jobdir import JobDir, probe_site
 from .jobscript import render_job_script
 from .packs import bootstrap_python
 from .slurm import JobInfo, SlurmClient
@@ -34,6 +42,7 @@ from .states import WORKER_ENDED, WorkerJobStatus
 from .transport import Transport
 from .watch import Answer, JobWatcher
 from .workergroups import DEFAULT_GROUP, group_spec
+from .workermoves import Moves
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +54,9 @@ def worker_script_name(group: str) -> str:
     return WORKER_SCRIPT if group == DEFAULT_GROUP else f"workers-{group}.sbatch"
 
 
-SCALE_REQUEST = "scale_request"  # the event another process appends to ask the owner to scale
-# Constant program (``sh -c APPEND sh LINE FILE``): one line appended to the events file.
-_APPEND = 'printf "%s\\n" "$1" >> "$2"'
-DRAIN_GRACE = 15.0  # after the drain timeout: the bootstrap's own stop, then scancel
-
 FORGOTTEN_AFTER = 3  # answers in a row without the job: Slurm forgot it (it ended)
 Callback = Callable[[Answer], Awaitable[None]]
+T = TypeVar("T")
 
 
 def checked_node_count(nodes: object, minimum: int) -> int:
@@ -69,32 +74,6 @@ def checked_node_count(nodes: object, minimum: int) -> int:
     return nodes
 
 
-async def append_event(
-    transport: Transport, job_dir: str, event: str, *, within: float = 60.0, **fields: Any
-) -> None:
-    """One event of this process (role client) appended to the cluster's ``events.jsonl``
-    (TransportError when not done ``within`` seconds)."""
-    record = {"t": time.time(), "event": event, "role": "client"}
-    record.update(host=socket.gethostname(), pid=os.getpid(), **fields)
-    line = json.dumps(record)
-    argv = ["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"]
-    await transport.run(argv, timeout=within)
-
-
-async def request_scale(
-    transport: Transport, job_dir: str, nodes: int, group: str | None = None
-) -> None:
-    """Ask the cluster's owner to scale to ``nodes`` (of ``group``): a ``scale_request`` event
-    appended to its ``events.jsonl``, which the owner reads every tick anyway (no new file, no
-    new poll)."""
-    fields: dict[str, Any] = {"nodes": nodes} if group is None else {"nodes": nodes, "group": group}
-    await append_event(transport, job_dir, SCALE_REQUEST, **fields)
-
-
-def request_cause(event: Mapping[str, Any]) -> str:
-    return f"asked by pid {event.get('pid')} on {event.get('host')}"
-
-
 def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
     """A worker job's walltime: the head's time left now, in whole minutes (at least 1), so
     that it never outlives the head and Slurm can backfill it before jobs that wait for the
@@ -102,17 +81,6 @@ def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
     if time_left is None:
         return None
     return max(1, int((time_left - max(0.0, now - at)) // 60))
-
-
-def requested_nodes(event: Mapping[str, Any], since: float) -> tuple[int, str | None] | None:
-    """(node count, group or None) of a scale request made after ``since`` (this owner's
-    start), else None."""
-    nodes, t, group = event.get("nodes"), event.get("t"), event.get("group")
-    if event.get("event") != SCALE_REQUEST or not isinstance(t, int | float) or t < since:
-        return None
-    if not isinstance(nodes, int) or isinstance(nodes, bool):
-        return None
-    return nodes, group if isinstance(group, str) else None
 
 
 @dataclass
@@ -177,7 +145,10 @@ class WorkerJobs:
         self._script_text: dict[str, str] = {}  # group -> what its script holds now
         self._callbacks: dict[str, Callback] = {}  # job id -> its watcher subscription
         self._misses: dict[str, int] = {}  # answers in a row in which Slurm did not know it
-        self._lock = asyncio.Lock()  # one scaling move at a time
+        self._lock = asyncio.Lock()  # one change of worker jobs at a time (exclusively)
+        self._moves = Moves(self)
+        self.stopped = False  # cancel_all began: no change after it
+        self._following: tuple[JobWatcher, Callable[[], None], float] | None = None
 
     # -- what is known --------------------------------------------------------------------
     def active(self, group: str | None = None) -> list[WorkerJob]:
@@ -251,7 +222,9 @@ class WorkerJobs:
 
     # -- following them: the cluster's watcher, in the same squeue as the head ----------------
     def follow(self, watcher: JobWatcher, on_change: Callable[[], None], pace: float) -> None:
-        """Subscribe every live worker job not yet followed to ``watcher``."""
+        """Subscribe every live worker job not yet followed to ``watcher``, and those
+        submitted from now on (``on_change`` is called when one is added)."""
+        self._following = (watcher, on_change, pace)
         for job_id in self.live_ids():
             if job_id not in self._callbacks:
                 callback = self._callback(job_id, watcher, on_change)
@@ -277,9 +250,13 @@ class WorkerJobs:
             watcher.set_pace(job.job_id, pace)
 
     def unfollow(self, watcher: JobWatcher) -> None:
+        """No longer followed (this object is closed): nor are drains seen out (their
+        bootstrap stops them at the drain timeout)."""
+        self._following = None
         for job_id, callback in list(self._callbacks.items()):
             watcher.unwatch(job_id, callback)
         self._callbacks.clear()
+        self._moves.stop_seeing_out()
 
     def _callback(
         self, job_id: str, watcher: JobWatcher, on_change: Callable[[], None]
@@ -298,28 +275,62 @@ class WorkerJobs:
 
         return on_answer
 
-    # -- the moves --------------------------------------------------------------------------
-    async def submit(
-        self, count: int, job_dir: str, minutes: int | None = None, group: str = DEFAULT_GROUP
-    ) -> list[str]:
-        """``count`` more one-node worker jobs of ``group``, each with a walltime of at most
-        ``minutes`` (the head's time left: see ``worker_minutes``; None: the group's); their
-        ids (those submitted before a failure are kept, and the error says how many)."""
-        script = await self._script(job_dir, minutes, group)
-        submitted: list[str] = []
-        for _ in range(count):
-            try:
-                job_id = await self.slurm.submit(script)
-            except SlurmRayError as exc:
-                jobs = "worker jobs" if group == DEFAULT_GROUP else f"worker jobs of group {group}"
-                raise SlurmError(
-                    f"submitted {len(submitted)} of {count} {jobs}; Slurm refused the next: {exc}"
-                ) from None
-            self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time(), group=group)
-            submitted.append(job_id)
-        return submitted
+    # -- changes: one at a time ---------------------------------------------------------------
+    async def exclusively(
+        self, move: Callable[[Moves], Awaitable[T]], *, stopping: bool = False
+    ) -> T:
+        """Run ``move`` as the only change of worker jobs under way: every change (a scale,
+        adapt's decisions, a rotation, the end of a drain, :meth:`cancel_all`) waits for the one
+        before it, and decides on what that one left. ``move`` changes worker jobs only through
+        the :class:`Moves` it is given. An sbatch whose answer was lost is looked up by the
+        jobs' tag first. Refused once :meth:`cancel_all` began (the cluster stops), unless
+        ``stopping``."""
+        self._refuse_when_stopped(stopping)
+        async with self._lock:
+            self._refuse_when_stopped(stopping)
+            await self._moves.adopt_unknown()
+            return await move(self._moves)
 
-    async def _script(self, job_dir: str, minutes: int | None, group: str) -> str:
+    def _refuse_when_stopped(self, stopping: bool) -> None:
+        if self.stopped and not stopping:
+            raise SlurmRayError(
+                f"the worker jobs of {self.cluster_id} are being cancelled (the cluster stops)"
+            )
+
+    async def cancel_all(self) -> None:
+        """Every worker job Slurm may still run is cancelled (the head ended, or down): after
+        the change under way, so that what an sbatch in flight queued is cancelled too; no
+        change is made after it."""
+        self.stopped = True
+        await self.exclusively(lambda moves: moves.cancel(list(self.jobs.values())), stopping=True)
+
+    async def until_ended(self, ids: Iterable[str]) -> None:
+        """Wait until the drains of these worker jobs are over (see ``Moves.retire``)."""
+        await self._moves.until_ended(ids)
+
+    def draining(self) -> list[str]:
+        """The worker jobs being drained now (asked to leave, not ended yet)."""
+        return self._moves.draining()
+
+    def to_retire(self, count: int, group: str | None = None) -> list[WorkerJob]:
+        """Which jobs (of ``group``) go first: pending ones (newest first), then running ones
+        (newest first)."""
+        newest = sorted(self.active(group), key=lambda job: job.submitted_at, reverse=True)
+        return ([j for j in newest if j.pending] + [j for j in newest if not j.pending])[:count]
+
+    def add(self, job_id: str, group: str) -> None:
+        """A worker job just queued, followed at once (its record and status show it)."""
+        self.jobs[job_id] = WorkerJob(job_id, submitted_at=time.time(), group=group)
+        if self._following is not None:
+            self.follow(*self._following)
+        self.changed()
+
+    def changed(self) -> None:
+        """A move changed them: the cluster's status and record show it now."""
+        if self._following is not None:
+            self._following[1]()
+
+    async def script(self, job_dir: str, minutes: int | None, group: str) -> str:
         """A group's worker job script in the job dir, written again when it changes (their
         walltime: the group's, at most the head's time left; the site is probed once)."""
         directory = JobDir(self.transport, job_dir)
@@ -346,84 +357,3 @@ class WorkerJobs:
             await self.transport.write_file(path, text, 0o600)
             self._script_text[group] = text
         return path
-
-    async def scale_to(
-        self,
-        workers: int,
-        job_dir: str,
-        *,
-        drain_timeout: float,
-        poll: Callable[[], None],
-        minutes: int | None = None,
-        group: str = DEFAULT_GROUP,
-    ) -> tuple[list[str], list[str]]:
-        """As many active worker jobs of ``group`` as ``workers``: (submitted, retired ids)."""
-        async with self._lock:
-            change = workers - len(self.active(group))
-            if change > 0:
-                return await self.submit(change, job_dir, minutes, group), []
-            if change < 0:
-                chosen = self.to_retire(-change, group)
-                return [], await self._retire(chosen, job_dir, drain_timeout, poll)
-            return [], []
-
-    def to_retire(self, count: int, group: str | None = None) -> list[WorkerJob]:
-        """Which jobs (of ``group``) go first: pending ones (newest first), then running ones
-        (newest first)."""
-        newest = sorted(self.active(group), key=lambda job: job.submitted_at, reverse=True)
-        return ([j for j in newest if j.pending] + [j for j in newest if not j.pending])[:count]
-
-    async def retire(
-        self, count: int, job_dir: str, *, drain_timeout: float, poll: Callable[[], None]
-    ) -> list[str]:
-        """``count`` fewer worker jobs: pending ones cancelled at once; running ones drained
-        (the drain file read by their bootstrap), then cancelled once ended or timed out."""
-        return await self._retire(self.to_retire(count), job_dir, drain_timeout, poll)
-
-    async def retire_ids(
-        self, ids: Iterable[str], job_dir: str, *, drain_timeout: float, poll: Callable[[], None]
-    ) -> list[str]:
-        """These active worker jobs retired, as by :meth:`retire` (the adaptive policy's idle
-        ones); one scaling move at a time."""
-        async with self._lock:
-            chosen = [job for job in self.active() if job.job_id in set(ids)]
-            return await self._retire(chosen, job_dir, drain_timeout, poll)
-
-    async def _retire(
-        self, chosen: list[WorkerJob], job_dir: str, drain_timeout: float, poll: Callable[[], None]
-    ) -> list[str]:
-        for job in chosen:
-            job.leaving = True
-        pending = [job for job in chosen if job.pending]
-        running = [job for job in chosen if not job.pending]
-        for job in pending:
-            await self._cancel(job)
-        directory = JobDir(self.transport, job_dir)
-        for job in running:
-            await self.transport.write_file(
-                directory.file(f"drain-{job.job_id}"), f"{drain_timeout:g}\n", 0o600
-            )
-        deadline = time.monotonic() + drain_timeout + DRAIN_GRACE
-        while any(not job.ended for job in running) and time.monotonic() < deadline:
-            poll()
-            await asyncio.sleep(0.5)
-        for job in running:
-            if not job.ended:
-                await self._cancel(job)
-        return [job.job_id for job in chosen]
-
-    async def cancel_all(self) -> None:
-        """Every worker job Slurm may still run is cancelled (the head ended, or down)."""
-        for job in list(self.jobs.values()):
-            if not job.ended:
-                job.leaving = True
-                await self._cancel(job)
-
-    async def _cancel(self, job: WorkerJob) -> None:
-        try:
-            await self.slurm.cancel(job.job_id)
-        except SlurmRayError as exc:
-            log.warning("could not cancel worker job %s: %s", job.job_id, exc)
-            return
-        if job.pending:  # it never ran: Slurm's CANCELLED is all that can follow
-            job.state, job.reason = "CANCELLED", "cancelled while pending"

@@ -9,25 +9,31 @@ address; the head's node is one of the testbed's three.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
+import re
 import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.aio import background_loop
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.errors import Conflict, SpecError
+from jupyter_slurm_ray.naming import worker_job_comment
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.watch import watcher_for
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
-from .helpers.jobs import accounted_jobs, in_queue, queue_state
+from .helpers.faults import controller_paused, record_figure
+from .helpers.jobs import accounted_jobs, in_queue, jobs_with_comment, queue_state
 from .helpers.testbed import USER, runuser
 from .helpers.waiting import wait_for
 
@@ -259,23 +265,99 @@ def test_a_full_partition_keeps_max_pending_jobs_waiting_without_churn(cluster, 
         cluster.stop_adapting()
 
 
-def test_the_cli_asks_the_owning_process_to_adapt_and_to_stop(cluster):
-    """`jupyter slurm-ray adapt NAME …` in a terminal: the owner (this process) applies it."""
+def cli(cluster: SlurmRayCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`jupyter slurm-ray ARGS…` in a terminal of this machine, as the test user."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_SLURM_RAY_")}
     environ.update(
         JUPYTER_SLURM_RAY_STATE_DIR=str(cluster.registry.path),
         JUPYTER_SLURM_RAY_COMMAND_PREFIX=" ".join(runuser("alice")),
     )
+    argv = [sys.executable, "-m", "jupyter_slurm_ray.cli", *args]
+    done = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 or not check, done.stderr
+    return done
 
-    def cli(*args: str) -> str:
-        argv = [sys.executable, "-m", "jupyter_slurm_ray.cli", "adapt", cluster.spec.name, *args]
-        done = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
 
-    assert "asked of its owner" in cli("--maximum", "2", "--idle", "30")
+def test_the_cli_asks_the_owning_process_to_adapt_and_to_stop(cluster):
+    """`jupyter slurm-ray adapt NAME …` in a terminal: the owner (this process) applies it."""
+
+    def adapt(*args: str) -> str:
+        return cli(cluster, "adapt", cluster.spec.name, *args).stdout
+
+    assert "asked of its owner" in adapt("--maximum", "2", "--idle", "30")
     wait_for(lambda: cluster.refresh() and cluster.adapting, 30, "the owner adapting")
     assert (cluster.adapting.settings.maximum, cluster.adapting.settings.idle_timeout) == (2, 30)
     assert cluster.status.scaling[0].startswith("adapting 1-2 nodes (idle 30 s")
-    cli("--off")
+    adapt("--off")
     wait_for(lambda: cluster.refresh() and cluster.adapting is None, 30, "adapting stopped")
+
+
+def sbatch_in_flight(script: str) -> bool:
+    """An sbatch of ``script`` is running (any of its processes: runuser, sh, sbatch)."""
+    for pid in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid.isdigit() else []
+        except OSError:
+            continue
+        if script.encode() in argv and any(os.path.basename(a) == b"sbatch" for a in argv):
+            return True  # (writing the script runs sh with its path, not sbatch)
+    return False
+
+
+def test_scale_is_refused_while_adapting_and_down_during_a_scale_out_leaves_no_job(cluster):
+    """Issue 18, item 6. Adapt running: a manual scale is refused with adapt's bounds, from this
+    process and from the CLI. Then, with slurmctld paused, a scale-out's sbatch is in flight,
+    the caller is interrupted (as a cell is) and down is issued: down waits for the sbatch, and
+    cancels the job it queued; Slurm's own count of the cluster's worker jobs is that one job,
+    cancelled. Ends the module's cluster: keep it last."""
+    started, before = time.time(), set(cluster.workers.jobs)
+    cluster.adapt(minimum=1, maximum=2, idle_timeout=IDLE, max_pending=1)
+    try:
+        refusal = "is adapting between 1 and 2 nodes: change that with `adapt --minimum N"
+        with pytest.raises(Conflict, match=re.escape(refusal)):
+            cluster.scale(2)
+        done = cli(cluster, "scale", "2", cluster.spec.name, check=False)
+        assert done.returncode == 1 and refusal in done.stderr, done.stderr
+    finally:
+        cluster.stop_adapting()
+    assert set(cluster.workers.jobs) == before  # nothing submitted by either
+    script = f"{cluster.job_dir}/workers.sbatch"
+    with ThreadPoolExecutor(1) as pool:
+        with controller_paused():
+            scaling = asyncio.run_coroutine_threadsafe(cluster.scale_async(2), background_loop())
+            wait_for(lambda: sbatch_in_flight(script), 10, "the worker job's sbatch", step=0.05)
+            scaling.cancel()  # the cell that scaled is interrupted: sbatch is not killed
+            stopping = pool.submit(cluster.down)
+            time.sleep(1)
+            assert not stopping.done() and sbatch_in_flight(script)
+            resumed = time.monotonic()  # slurmctld goes on as the block ends
+        stopping.result(timeout=120)
+        down_after_resume = time.monotonic() - resumed
+    new = set(cluster.workers.jobs) - before
+    assert len(new) == 1, cluster.workers.jobs  # the job of the sbatch in flight, recorded
+    tag = worker_job_comment(cluster.id)
+    active = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+    wait_for(
+        lambda: all(queue_state(job_id) not in active for job_id in jobs_with_comment(tag)),
+        30,
+        "no worker job of the cluster left in Slurm's queue",
+    )
+    accounted = wait_for(
+        lambda: (
+            (jobs := accounted_jobs(f"{cluster.spec.name}-worker", cluster.job_dir, started))
+            and set(jobs) - before == new
+            and not set(active) & set(jobs.values())
+            and jobs
+        ),
+        30,
+        "sacct to record the worker job's end",
+    )
+    uid = pwd.getpwnam(USER).pw_uid
+    assert {accounted[job_id] for job_id in new} == {f"CANCELLED by {uid}"}, accounted
+    assert cluster.state.is_final
+    record_figure(
+        "down while a worker job's sbatch is in flight (slurmctld paused, the scale interrupted)",
+        worker_jobs_queued=len(new),
+        worker_jobs_left=0,
+        down_returned_after_resume_s=round(down_after_resume, 1),
+    )

@@ -4,7 +4,8 @@
 - ``POST clusters/<id>/extend`` ``{"amount": "+30"}``: 200 with the new time left, 403 with
   Slurm's words when the site refuses;
 - ``POST clusters/<id>/scale`` ``{"nodes": N}``: N Ray nodes in all (worker jobs); 200 when
-  this server owns the cluster, 202 when its owner was asked; 400 naming ``nodes`` when N is bad;
+  this server owns the cluster and it is done, 202 when its owner was asked or a drain goes on
+  (``under_way``); 400 naming ``nodes`` when N is bad; 409 while the cluster adapts;
 - ``POST clusters/<id>/adapt`` ``{"maximum": N, "minimum": N, ...}`` or ``{"off": true}``:
   adaptive scaling, 200 / 202 as for scale, 400 naming the bad field;
 - ``POST clusters/<id>/takeover``: this server becomes the cluster's owner (its previous owner
@@ -167,7 +168,8 @@ class ExtendHandler(_ClustersHandler):
 
 class _OwnerActionHandler(_ClustersHandler):
     """A ``POST`` the cluster's owner applies: 200 when this server owns the cluster (done
-    here), 202 when its owner was asked (``"applied": false``)."""
+    here), 202 when its owner was asked (``"applied": false``) or what it began goes on
+    (``"under_way": true``)."""
 
     async def _apply(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         raise NotImplementedError
@@ -177,13 +179,14 @@ class _OwnerActionHandler(_ClustersHandler):
         body = self._json_body()
         with _as_http_errors():
             view, applied = await self._apply(cluster_id, body)
-        self.set_status(200 if applied else 202)
+        self.set_status(200 if applied and not view.get("under_way") else 202)
         self.finish(json.dumps({**self._with_links(view), "applied": applied}))
 
 
 class ScaleHandler(_OwnerActionHandler):
     """``POST {"nodes": N}``: scale to N Ray nodes in all; 200 when this server owns the
-    cluster (done), 202 when its owner was asked (``"applied": false``)."""
+    cluster (done), 202 when its owner was asked (``"applied": false``) or worker jobs are
+    still draining (``"under_way": true``), 409 while the cluster adapts."""
 
     async def _apply(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         return await self.manager.scale(cluster_id, body)

@@ -233,8 +233,10 @@ class ClusterManager:
 
     async def scale(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         """Scale an active cluster to ``{"nodes": N}`` Ray nodes in all: (its view, applied).
-        A cluster this server owns is scaled here (scaling in returns once drained); any
-        other is asked of its owner (a ``scale_request`` event; applied False)."""
+        A cluster this server owns is scaled here, at once (a scale-in returns once its drain
+        began: the view's ``under_way`` and its scaling lines show it); any other is asked of
+        its owner (a ``scale_request`` event; applied False). Conflict (409) while the cluster
+        adapts (its bounds decide: change them, or stop adapting first)."""
         nodes = body.get("nodes") if isinstance(body, Mapping) else None
         count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
         group = body.get("group") if isinstance(body, Mapping) else None
@@ -246,14 +248,16 @@ class ClusterManager:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be scaled")
         cluster = self._owned(cluster_id)
         if cluster is not None:
-            await cluster.scale_async(count, group=group)
+            await cluster.scale_async(count, group=group, wait=False)
         else:
             transport = self.transports.for_target(record.target)
             other = SlurmRayCluster.from_record(record, transport, registry=self.registry)
             await other.request_scale_async(count, group)
         log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if cluster else "asked")
         self.inventory.expire()
-        return self.view(await self._entry(cluster_id)), cluster is not None
+        view = self.view(await self._entry(cluster_id))
+        view["under_way"] = bool(cluster is not None and cluster.workers.draining())
+        return view, cluster is not None
 
     async def take_over(self, cluster_id: str) -> dict[str, Any]:
         """Make this server the owner of an active cluster: it keeps its lease, applies its

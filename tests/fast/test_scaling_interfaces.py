@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.adapt import Adapter
+from jupyter_slurm_ray.adaptpolicy import AdaptSettings, RayView, Shape
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay
@@ -241,3 +243,71 @@ async def test_the_owner_applies_an_adapt_request(make_cluster, slurm, transport
     assert cluster.adapting.settings.idle_timeout == 20
     await other.request_adapt_async(off=True)
     await until(lambda: cluster.adapting is None, 5, "the owner no longer adapting")
+
+
+# -- scale and adapt never fight: the REST API (issue 18, item 6) ---------------------------------
+async def test_rest_scale_in_of_a_server_owned_cluster_answers_while_the_drain_goes_on(
+    jp_fetch, server_manager, slurm, site, monkeypatch
+):
+    """200 when done (scale-out), 202 at once for a scale-in whose drain goes on, the drain
+    in the status; 409 with the bounds while the cluster adapts."""
+    response = await jp_fetch(
+        "slurm-ray", "api", "clusters", method="POST", body=json.dumps({"profile": "testbed"})
+    )
+    cluster_id = json.loads(response.body)["id"]
+    cluster = server_manager._owned[cluster_id]
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 10, "READY")
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
+    assert (code, answer["applied"], answer["nodes_wanted"]) == (200, True, 2)
+    (worker,) = cluster.workers.jobs
+    slurm.run(worker, "node2")
+    await until(lambda: cluster.workers.jobs[worker].state == "RUNNING", 10, "it runs")
+
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 1})
+    assert (code, answer["applied"], answer["under_way"]) == (202, True, True)
+    assert answer["nodes_wanted"] == 1
+    assert f"draining worker job {worker}: it ends once its tasks are done" in answer["scaling"]
+    assert (Path(cluster.job_dir) / f"drain-{worker}").exists()
+    assert slurm.job(worker).state == "RUNNING"  # answered while it drains
+    slurm.end(worker)
+    await until(lambda: not cluster.workers.draining(), 10, "the drain seen out")
+
+    async def quiet(self):
+        return RayView((), {"10.0.0.1": True}, Shape(1.0))
+
+    monkeypatch.setattr(Adapter, "read_ray", quiet)
+    response = await jp_fetch(
+        "slurm-ray", "api", "clusters", cluster_id, "adapt", method="POST",
+        body=json.dumps({"minimum": 1, "maximum": 3}),
+    )  # fmt: skip
+    assert response.code == 200 and cluster.adapting is not None
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
+    assert code == 409 and answer == {
+        "message": cluster.adapting.settings.refuses_scale(cluster.spec.name),
+        "field": None,
+    }
+    await cluster.stop_adapting_async()
+
+
+async def test_rest_scale_of_a_cluster_another_process_adapts_is_refused_from_its_record(
+    jp_fetch, server_manager, slurm, site, jobs_root
+):
+    registry = Registry(site["JUPYTER_SLURM_RAY_STATE_DIR"])
+    cluster_id = owned_elsewhere(registry, slurm, jobs_root)
+    record = registry.load(cluster_id)
+    record.scaling = [AdaptSettings(1, 4).describe(), "12:00:00 1 → 2 nodes (submitted 8): …"]
+    registry.save(record)
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
+    assert code == 409 and answer["message"] == AdaptSettings(1, 4).refuses_scale("grow")
+    assert requests_in(jobs_root / cluster_id) == []
+    response = await jp_fetch(
+        "slurm-ray", "api", "clusters", cluster_id, "adapt", method="POST",
+        body=json.dumps({"off": True}),
+    )  # fmt: skip
+    assert response.code == 202  # asked of the owner, which applies it before what follows
+    code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
+    assert (code, answer["applied"]) == (202, False)
+    assert [r["nodes"] for r in requests_in(jobs_root / cluster_id)] == [2]

@@ -227,7 +227,7 @@ async def test_worker_jobs_of_a_packed_cluster_run_the_bootstrap_as_the_head_doe
     workers = WorkerJobs(transport, SlurmClient(transport), "ray-0123abcd", spec)
     job_dir = tmp_path / "ray-0123abcd"
     job_dir.mkdir(mode=0o700)
-    await workers._script(str(job_dir), None, "default")
+    await workers.script(str(job_dir), None, "default")
     assert "exec python3 " in (job_dir / "workers.sbatch").read_text()
 
 

@@ -5,12 +5,15 @@ package's constant shell programs: job dir, lease, events), as the current user,
 ``sbatch``/``squeue``/``sacct``/``scontrol``/``scancel``/``sinfo``/``sacctmgr`` from
 :class:`FakeSlurm` (accounts and QOSes as on the testbed; usage lines set per job by tests;
 ``scontrol update TimeLimit=+N`` refused unless ``may_extend``).
-Tests move jobs between states, write the bootstrap's events into the job dir, and take the
-controller away (``slurm.down = True``) to see what the package makes of it.
+Tests move jobs between states, write the bootstrap's events into the job dir, take the
+controller away (``slurm.down = True``), lose a command's answer (``hang_before``/``hang_after``)
+or keep a command in flight until the test releases it (``transport.hold("sbatch")``) to see
+what the package makes of it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 from collections.abc import Sequence
@@ -224,6 +227,26 @@ def _result(argv: Sequence[str], code: int, out: str, err: str = "") -> CommandR
     return CommandResult(tuple(argv), code, out, err)
 
 
+class Hold:
+    """A Slurm command kept in flight: ``arrived`` once it runs, answering once ``release()``d;
+    ``after``: Slurm did the work first (an sbatch queued its job), only the answer is late.
+    A caller cancelled meanwhile kills it there, as the real transport kills the command."""
+
+    def __init__(self, after: bool) -> None:
+        self.after = after
+        self.arrived = asyncio.Event()
+        self._released = asyncio.Event()
+        self.count = 0  # commands that arrived
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def wait(self) -> None:
+        self.count += 1
+        self.arrived.set()
+        await self._released.wait()
+
+
 class FakeTransport(LocalTransport):
     """Local commands for real; Slurm's commands answered by a FakeSlurm."""
 
@@ -235,6 +258,12 @@ class FakeTransport(LocalTransport):
         # A Slurm command whose answer is lost: before it ran, or after it did its work.
         self.hang_before: str | None = None
         self.hang_after: str | None = None
+        self.holds: dict[str, Hold] = {}
+
+    def hold(self, command: str, *, after: bool = True) -> Hold:
+        """Keep ``command`` (e.g. ``"sbatch"``) in flight from now on, until released."""
+        self.holds[command] = Hold(after)
+        return self.holds[command]
 
     async def run(
         self,
@@ -251,8 +280,13 @@ class FakeTransport(LocalTransport):
         lost = TransportError(f"{slurm_argv[0]} did not finish within {timeout:g} s")
         if self.hang_before == slurm_argv[0]:
             raise lost
+        hold = self.holds.get(slurm_argv[0])
+        if hold is not None and not hold.after:
+            await hold.wait()
         # the command line as run (e.g. sh -c ... sbatch SCRIPT), as a real transport reports
         result = replace(self.slurm.answer(slurm_argv, input), argv=tuple(argv))
+        if hold is not None and hold.after:
+            await hold.wait()
         if self.hang_after == slurm_argv[0]:
             raise lost
         return result.check() if check else result
