@@ -255,7 +255,7 @@ async def test_rest_scale_in_of_a_server_owned_cluster_answers_while_the_drain_g
         "slurm-ray", "api", "clusters", method="POST", body=json.dumps({"profile": "testbed"})
     )
     cluster_id = json.loads(response.body)["id"]
-    cluster = server_manager._owned[cluster_id]
+    cluster = server_manager._clusters[cluster_id]
     slurm.run(cluster.job_id)
     write_connection(cluster)
     emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
