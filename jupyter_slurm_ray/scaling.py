@@ -331,7 +331,8 @@ class WorkerJobs:
             self._following[1]()
 
     async def script(self, job_dir: str, minutes: int | None, group: str) -> str:
-        """A group's worker job script in the job dir, written again when it changes (their
+        """A group's worker job script: its text, for sbatch's stdin (no window to swap it by
+        path), and its copy in the job dir as the record, written again when it changes (their
         walltime: the group's, at most the head's time left; the site is probed once)."""
         directory = JobDir(self.transport, job_dir)
         if self._site_exported is None:
@@ -356,4 +357,4 @@ class WorkerJobs:
         if text != self._script_text.get(group):
             await self.transport.write_file(path, text, 0o600)
             self._script_text[group] = text
-        return path
+        return text

@@ -51,7 +51,7 @@ async def test_scale_out_submits_tagged_one_node_worker_jobs_shown_pending(make_
         job = slurm.job(job_id)
         assert cluster_id_of_worker_comment(job.comment) == cluster.id
         assert cluster_id_of_comment(job.comment) is None  # never taken for a head job
-        script = Path(job.script_path).read_text()
+        script = job.script  # what sbatch got on its stdin
         assert "#SBATCH --nodes=1" in script and " workerjob " in script
         assert "#SBATCH --time=00:09:00" in script  # the head's 9:50 left, never more
     await until(
