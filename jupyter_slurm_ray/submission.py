@@ -35,7 +35,7 @@ async def prepare(
     transport: Transport, spec: ClusterSpec, cluster_id: str, job_dir: str | None = None
 ) -> tuple[JobDir, str]:
     """The job dir (its root checked; nothing written yet) and the job script for it."""
-    site = await probe_site(transport, spec.job_dir_root)
+    site = await probe_site(transport, spec.job_dir_root, spec.export_env)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
     command = directory.bootstrap_command(packs.bootstrap_python(spec))
     if spec.environment == "pack":  # named by what is installed; shipped by submit()
