@@ -1,6 +1,7 @@
-"""The checks of cluster settings: Slurm walltimes and memory sizes, patterns, numbers, and
-the sbatch / ``ray start`` options a user may add. Each check takes ``(field, value)`` and
-returns the normalised value, or raises SpecError naming the field and what is allowed.
+"""The checks of cluster settings: Slurm walltimes and memory sizes, patterns, numbers, the
+variables a job gets, and the sbatch / ``ray start`` options a user may add. Each check takes
+``(field, value)`` and returns the normalised value, or raises SpecError naming the field and
+what is allowed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from .errors import SpecError
+from .jobenv import is_pattern, never_reason
 
 # ----------------------------------------------------------------------------- walltime
 
@@ -334,6 +336,32 @@ def _env_pair(field: str, name: Any, text: Any, allowed: str) -> tuple[str, str]
     return (name, text)
 
 
+_EXPORT_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!-]+", re.ASCII)
+_EXPORT_SEPARATORS = re.compile(r"[\s,]+")
+_WILDCARD_START = re.compile(r"[*?\[]")
+_EXPORT_ALLOWED = (
+    "variable names (A-Z a-z 0-9 _) or glob patterns (MYAPP_*, *_HOME, with * ? [ ]), "
+    "as a list or one string separated by commas or spaces"
+)
+
+
+def export_env_entries(field: str, value: Any) -> tuple[str, ...]:
+    """The ``export_env`` setting: the variables a job gets besides the default list
+    (``jobenv.py``); a name (or a pattern's fixed start) that is never exported is refused,
+    saying why."""
+    if isinstance(value, str):
+        value = [entry for entry in _EXPORT_SEPARATORS.split(value) if entry]
+    entries = _string_tuple(field, value, _EXPORT_ALLOWED)
+    for entry in entries:
+        plain = not is_pattern(entry)
+        if not (_ENV_NAME if plain else _EXPORT_PATTERN).fullmatch(entry):
+            raise SpecError(field, entry, _EXPORT_ALLOWED)
+        never = never_reason(entry if plain else _WILDCARD_START.split(entry, maxsplit=1)[0])
+        if never:
+            raise SpecError(field, entry, f"another variable: {never}")
+    return tuple(dict.fromkeys(entries))
+
+
 # ----------------------------------------------------------------------------- long options
 
 _LONG_ONLY = "only long options are allowed, one per entry: --name or --name=value"
@@ -355,11 +383,20 @@ _SBATCH_OWN = {
     "--mem": "use the mem_per_node setting",
     "--gpus-per-node": "use the gpus_per_node setting",
     "--exclusive": "use the exclusive setting",
-    "--chdir": "the job runs in its job directory",
-    "--output": "the job writes its output to its job directory",
-    "--error": "the job writes its errors to its job directory",
-    "--signal": "use the walltime_warning setting",
-    "--export": "the job needs the submitting environment (--export=ALL)",
+    "--chdir": "the job runs in its job dir, where the bootstrap and its files are",
+    "--output": (
+        "the job writes slurm-<job>.out in its own job dir (%slurm_ray logs shows it); "
+        "no other place is allowed: it could be another user's"
+    ),
+    "--error": (
+        "the job writes slurm-<job>.err in its own job dir (%slurm_ray logs shows it); "
+        "no other place is allowed: it could be another user's"
+    ),
+    "--signal": "use the walltime_warning setting (the bootstrap's warning and clean stop)",
+    "--export": (
+        "the job's environment is an allow-list (script() shows it): name more variables "
+        "in export_env, or set them with env"
+    ),
     "--wrap": "the job script is generated",
     "--parsable": "the package reads sbatch's output itself",
 }
@@ -374,6 +411,26 @@ _SBATCH_REFUSED = {
     "--help": "sbatch would not submit the job",
     "--usage": "sbatch would not submit the job",
     "--version": "sbatch would not submit the job",
+    "--quiet": "sbatch would not print the job's id, which the package reads",
+    "--requeue": (
+        "a requeued job would start a second Ray cluster the kernel is not connected to "
+        "(the cluster's jobs are --no-requeue)"
+    ),
+    "--export-file": (
+        "the job's environment is an allow-list: name variables in export_env, or set them with env"
+    ),
+    "--get-user-env": (
+        "it would load your whole login environment into the job: name variables in "
+        "export_env, or set them with env"
+    ),
+    "--uid": "the job runs as you",
+    "--gid": "the job runs with your groups",
+    "--clusters": "the package follows its jobs on this cluster only (squeue, scancel)",
+    "--cluster": "the package follows its jobs on this cluster only (squeue, scancel)",
+    "--container": (
+        "Slurm's OCI container would run the bootstrap in it; use the container setting "
+        "(Ray in the image, the bootstrap on the node)"
+    ),
 }
 
 # `ray start` options the bootstrap pins (ports, addresses, resources, lifetime). Ray's CLI
@@ -424,6 +481,9 @@ def _sbatch_refusal(name: str) -> str | None:
     for option, reason in _SBATCH_OWN.items():
         if option.startswith(name):
             return f"{name} abbreviates {option}, which is set by jupyter_slurm_ray: {reason}"
+    for option, reason in _SBATCH_REFUSED.items():
+        if option.startswith(name):
+            return f"{name} abbreviates {option}, which is refused: {reason}"
     return None
 
 

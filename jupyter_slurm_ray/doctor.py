@@ -229,7 +229,7 @@ def _spec_fix(exc: SpecError) -> str:
 
 async def _probe_root(spec: ClusterSpec, transport: Transport) -> Site | SlurmRayError:
     try:
-        return await probe_site(transport, spec.job_dir_root)
+        return await probe_site(transport, spec.job_dir_root, spec.export_env)
     except SlurmRayError as exc:
         return exc
 

@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +89,11 @@ class Site:
     exported: tuple[str, ...]
 
 
-async def probe_site(transport: Transport, job_dir_root: str) -> Site:
-    """One command: resolve and check ``job_dir_root``, and list the exported variables.
+async def probe_site(
+    transport: Transport, job_dir_root: str, export_env: Sequence[str] = ()
+) -> Site:
+    """One command: resolve and check ``job_dir_root``, and list the exported variables
+    (the default list and ``export_env``: ``jobenv.py``).
 
     SpecError (field job_dir_root) when a directory on its path belongs to another user or
     is writable by others, through its mode or an ACL (root's sticky directories like /tmp
@@ -110,7 +114,7 @@ async def probe_site(transport: Transport, job_dir_root: str) -> Site:
     if not root.startswith("/"):
         raise SlurmRayError(f"cannot resolve the job dir root {job_dir_root!r} on the cluster")
     _, names = parse_env0("\0" + env)
-    return Site(home, root, tuple(exported_names(names)))
+    return Site(home, root, tuple(exported_names(names, export_env)))
 
 
 def acl_check_program() -> str:

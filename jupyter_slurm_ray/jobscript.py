@@ -38,10 +38,10 @@ def render_job_script(
 ) -> str:
     """The complete sbatch script; deterministic, and refuses a spec without a walltime.
 
-    ``exported``: the names of the submitting environment's variables the job gets (see
-    ``jobenv.exported_names``); the others do not reach it. ``worker``: the script of one
-    worker job (scaling out) instead: one node of the head's shape, the same env and setup
-    lines, tagged with the worker job tag, running ``bootstrap workerjob``.
+    ``exported``: the names of the submitting environment's variables the job gets (the
+    allow-list of ``jobenv.exported_names``); the others do not reach it. ``worker``: the
+    script of one worker job (scaling out) instead: one node of the head's shape, the same env
+    and setup lines, tagged with the worker job tag, running ``bootstrap workerjob``.
     """
     comment = None
     if worker:
@@ -89,8 +89,8 @@ def sbatch_directives(
         ("--signal", f"B:USR1@{spec.walltime_warning}"),
         # A requeued job would start a second Ray cluster the kernel is not connected to.
         ("--no-requeue", None),
-        # The submitting environment's variables by name (PATH, HOME, the user's modules and
-        # virtualenv, which the setup lines build on), without credentials: jobenv.py.
+        # The submitting environment's variables by name: an allow-list (PATH, HOME, LANG, the
+        # module systems' state, which the setup lines build on, and export_env): jobenv.py.
         ("--export", _export_list(exported)),
     ]
     return [_directive(name, value) for name, value in options] + [

@@ -5,10 +5,11 @@ that ``cluster.py``, the watcher, the inventory and the server only pick the sch
 transport (:func:`scheduler_for`). The same job script and bootstrap run, one node:
 
 - ``submit`` takes the script's text, as sbatch on its stdin, reads its ``#SBATCH`` lines (job
-  dir, walltime, CPUs, memory, the warning signal) as sbatch would, keeps the text in the
-  state dir (as slurmctld keeps a job's script: the job runs that copy, not the job dir's
-  ``job.sbatch``) and starts a *runner* (a constant Python program, below, run by this
-  kernel's interpreter) in a new session: the job id is ``local-<runner pid>``. The runner
+  dir, walltime, CPUs, memory, the warning signal, the ``--export`` list: the job gets only
+  those variables, as from sbatch) as sbatch would, keeps the text in the state dir (as
+  slurmctld keeps a job's script: the job runs that copy, not the job dir's ``job.sbatch``)
+  and starts a *runner* (a constant Python program, below, run by this kernel's interpreter)
+  in a new session: the job id is ``local-<runner pid>``. The runner
   sets the ``SLURM_*`` variables the bootstrap reads (one node, this host) and
   ``JSR_LOCAL_MODE=1`` (then the bootstrap asks no ``scontrol``; one node needs no ``srun``),
   writes the job's output to ``slurm-<job>.out/.err`` in the job dir, sends SIGUSR1 at the
@@ -59,11 +60,12 @@ STATE_DIR = "$HOME/.jupyter-slurm-ray/local-jobs"  # expanded by the shell of th
 
 # The runner (Python, stdlib only, run by this kernel's interpreter, as local mode's bootstrap
 # is): argv job dir, state dir, launch tag, walltime (s, 0 none), warning (s before the end),
-# CPUs ("" = this machine's), memory (MB, "" = unset), grace (s). A Python runner, not bash:
-# bash loses the status of a child that ends while a trap runs.
+# CPUs ("" = this machine's), memory (MB, "" = unset), grace (s), the --export list (ALL,
+# NONE or names). A Python runner, not bash: bash loses the status of a child that ends while
+# a trap runs. Like slurmstepd, it sets the user's HOME, USER, LOGNAME and SHELL if not given.
 _RUNNER = r"""
-import os, signal, socket, subprocess, sys, time
-job_dir, state_dir, tag, limit, warn, cpus, mem, grace = sys.argv[1:9]
+import os, pwd, signal, socket, subprocess, sys, time
+job_dir, state_dir, tag, limit, warn, cpus, mem, grace, export = sys.argv[1:10]
 limit, warn, grace = int(limit), int(warn), int(grace)
 job_id, host = f"local-{os.getpid()}", socket.gethostname().split(".")[0]
 def write(name, text):
@@ -79,7 +81,17 @@ os.replace(os.path.join(state_dir, "script-" + tag), script)
 write("launch-" + tag, str(os.getpid()))
 os.chdir(job_dir)
 cpus = cpus or str(os.cpu_count() or 1)
-env = dict(os.environ, SLURM_JOB_ID=job_id, SLURM_JOBID=job_id, SLURM_JOB_NUM_NODES="1",
+if export == "ALL":
+    given = dict(os.environ)
+else:
+    names = [] if export == "NONE" else export.split(",")
+    given = {name: os.environ[name] for name in names if name in os.environ}
+    user = pwd.getpwuid(os.getuid())
+    for name, value in (("HOME", user.pw_dir), ("USER", user.pw_name),
+                        ("LOGNAME", user.pw_name), ("SHELL", user.pw_shell or "/bin/sh"),
+                        ("PATH", "/usr/bin:/bin")):
+        given.setdefault(name, value)
+env = dict(given, SLURM_JOB_ID=job_id, SLURM_JOBID=job_id, SLURM_JOB_NUM_NODES="1",
            SLURM_NNODES="1", SLURM_NTASKS="1", SLURM_NODEID="0", SLURM_PROCID="0",
            SLURM_LOCALID="0", SLURM_CPUS_ON_NODE=cpus, SLURM_JOB_CPUS_PER_NODE=cpus,
            SLURM_SUBMIT_DIR=job_dir, SLURMD_NODENAME=host, SLURM_JOB_NODELIST=host,
@@ -128,7 +140,7 @@ d=__STATE__; mkdir -p -- "$d" && chmod 700 -- "$d" || exit 1
 find "$d" -maxdepth 1 -type f -mtime +30 -delete 2>/dev/null
 tag=$$.$(date +%s%N)
 cat >"$d/script-$tag" || exit 1
-setsid "$1" -c "$0" "$2" "$d" "$tag" "$3" "$4" "$5" "$6" "$7" \
+setsid "$1" -c "$0" "$2" "$d" "$tag" "$3" "$4" "$5" "$6" "$7" "$8" \
   </dev/null >/dev/null 2>&1 &
 i=0
 while [ ! -e "$d/launch-$tag" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
@@ -177,7 +189,8 @@ def scheduler_for(transport: Transport, *, shared: SharedQueue | None = None) ->
 def job_limits(script: str) -> dict[str, str]:
     """What the runner needs from a job script's ``#SBATCH`` lines, as sbatch reads them:
     walltime and warning seconds, CPUs, memory in MB (each "" or "0" when unset), the job's
-    working directory (``chdir``, "" when unset)."""
+    working directory (``chdir``, "" when unset) and the ``--export`` list (ALL when unset, as
+    sbatch's default)."""
     options: dict[str, str] = {}
     for line in script.splitlines():
         if not line.startswith("#SBATCH "):
@@ -193,6 +206,7 @@ def job_limits(script: str) -> dict[str, str]:
         "cpus": options.get("--cpus-per-task", ""),
         "mem": mem if mem.isdigit() else "",
         "chdir": options.get("--chdir", ""),
+        "export": options.get("--export") or "ALL",
     }
 
 
@@ -227,6 +241,7 @@ class LocalJobs(SlurmClient):
         if not job_dir.startswith("/"):
             raise SlurmError("local mode: the job script has no #SBATCH --chdir (its job dir)")
         args = [limits["limit"], limits["warning"], limits["cpus"], limits["mem"], str(KILL_GRACE)]
+        args.append(limits["export"])
         self.commands_run += 1
         argv = ["bash", "-c", _LAUNCH, _RUNNER, sys.executable, job_dir, *args]
         try:

@@ -53,6 +53,7 @@ _SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-G", "--gpus-per-node"), "gpus_per_node"),
     (("-C", "--constraint"), "constraint"),
     (("--reservation",), "reservation"),
+    (("--export-env",), "export_env"),
     (("--python",), "python"),
     (("--container",), "container"),
     (("--container-runtime",), "container_runtime"),

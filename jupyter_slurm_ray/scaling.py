@@ -337,7 +337,7 @@ class WorkerJobs:
         directory = JobDir(self.transport, job_dir)
         if self._site_exported is None:
             self._site_exported = (
-                await probe_site(self.transport, self.spec.job_dir_root)
+                await probe_site(self.transport, self.spec.job_dir_root, self.spec.export_env)
             ).exported
         spec = group_spec(self.spec, group)
         own = spec.time_seconds

@@ -70,15 +70,12 @@ __all__ = [
     "parse_timestamp",
 ]
 
-# sbatch lets SBATCH_* variables of the submitting environment override the script's #SBATCH
-# lines; without them the job is exactly what ``script()`` shows. The script comes on stdin:
-# what Slurm keeps is the text that was checked, never a file someone could swap by its path.
-# (Constant; "$1", when given, is the path of a script file, read through the same stdin.)
-_SBATCH_CLEAN_ENV = (
-    'for v in $(env | sed -n "s/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/\\1/p"); do unset "$v"; done; '
-    '[ $# = 0 ] || exec <"$1"; '
-    "exec sbatch --parsable"
-)
+# The script comes on stdin: what Slurm keeps is the text that was checked, never a file
+# someone could swap by its path. (Constant; "$1", when given, is the path of a script file,
+# read through the same stdin.) The SBATCH_* variables that would override the script's
+# #SBATCH lines never reach it: the transport runs every Slurm command without the enclosing
+# job's input variables (bootstrap/slurmenv.py).
+_SBATCH_STDIN = '[ $# = 0 ] || exec <"$1"; exec sbatch --parsable'
 # The command in "$@", for the user running it: sacctmgr needs the user's name, which only the
 # other side knows (runuser, SSH). (Constant; the arguments are the package's own.)
 AS_THIS_USER = 'exec "$@" "user=$(id -un)"'
@@ -137,7 +134,7 @@ class SlurmClient:
         """
         self.commands_run += 1
         text, path = (script, None) if is_script_text(script) else (None, script)
-        argv = ["sh", "-c", _SBATCH_CLEAN_ENV, "sbatch", *([path] if path else [])]
+        argv = ["sh", "-c", _SBATCH_STDIN, "sbatch", *([path] if path else [])]
         shown = path or "the job script (stdin)"
         try:
             result = await self.transport.run(argv, input=text, timeout=timeout)

@@ -20,6 +20,7 @@ from .checks import (
     choice,
     container_image,
     env_pairs,
+    export_env_entries,
     flag,
     format_walltime,
     home_or_absolute_dir,
@@ -210,6 +211,15 @@ class ClusterSpec:
     env: tuple[tuple[str, str], ...] = _setting(
         (), env_pairs, "mapping", "Extra environment of the job's setup lines and Ray processes."
     )
+    export_env: tuple[str, ...] = _setting(
+        (),
+        export_env_entries,
+        "lines",
+        "Variables of this environment the job also gets, by name or glob pattern (MYAPP_*; "
+        "a pattern skips names that look like secrets). Besides them only a small default "
+        "list goes (PATH, LD_LIBRARY_PATH, PYTHONPATH, HOME, USER, TMPDIR, LANG, LC_*, TZ, "
+        "module systems' variables): everything else stays out; script() shows the list.",
+    )
     worker_groups: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = _setting(
         (),
         checked_groups,
@@ -305,7 +315,7 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict that `from_mapping` turns back into an equal spec."""
         data = {key: getattr(self, key) for key in FIELD_NAMES}
-        for key in ("extra_sbatch", "setup", "ray_start_args", "port_range"):
+        for key in ("extra_sbatch", "setup", "ray_start_args", "port_range", "export_env"):
             data[key] = list(data[key])
         data["env"] = dict(self.env)
         data["worker_groups"] = {

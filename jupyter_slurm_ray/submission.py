@@ -40,7 +40,7 @@ async def prepare(
 
     With ``environment = "pack"``, the script names the archive and its content hash: the
     environment is packed on this side first if neither side has the archive yet."""
-    site = await probe_site(transport, spec.job_dir_root)
+    site = await probe_site(transport, spec.job_dir_root, spec.export_env)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
     command = directory.bootstrap_command(packs.bootstrap_python(spec))
     if spec.environment == "pack":  # named by what is installed, with its content's hash

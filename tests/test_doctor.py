@@ -213,7 +213,7 @@ def test_the_text_output_is_a_checklist(site_env):
     assert done.returncode == 1 and lines[0].endswith("1 check(s) failed"), done.stdout
     assert any(line.startswith("✗ The request fits the site") for line in lines)
     assert any(line.strip().startswith("fix: ask for a time (-t)") for line in lines)
-    assert sum(line.startswith("✓ ") for line in lines) == 7
+    assert sum(line.startswith("✓ ") for line in lines) == 8  # with "submit" (sbatch is here)
 
 
 # -- issue 10, item 1 -----------------------------------------------------------------------------

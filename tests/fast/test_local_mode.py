@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,7 @@ def test_the_runner_reads_the_limits_from_the_sbatch_lines_as_sbatch_would() -> 
         "cpus": "2",
         "mem": "3072",
         "chdir": "/j/d",
+        "export": "NONE",
     }
     bare = render_job_script(
         ClusterSpec(time="5"), cluster_id="ray-0badf00d", job_dir="/j", command=["true"]
@@ -265,3 +267,18 @@ def test_the_panel_asks_slurm_nothing_when_the_default_profile_is_local(
         assert panel.spec().mode == "local"
     finally:
         panel.close()
+
+
+async def test_the_job_gets_only_the_variables_its_export_line_names(
+    jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FOO_SETTING", "on")
+    monkeypatch.setenv("DATABASE_URL", "postgres://app:pw@db/app")
+    directory = job_dir(tmp_path, 'echo "[$FOO_SETTING|$DATABASE_URL|$HOME|${PATH:+path}]"')
+    script = Path(directory, "job.sbatch")
+    script.write_text(script.read_text().replace("\n", "\n#SBATCH --export=FOO_SETTING\n", 1))
+    job_id = await jobs.submit(str(script))
+    assert await ended(jobs, job_id) == "COMPLETED 0"
+    home = pwd.getpwuid(os.getuid()).pw_dir  # as slurmstepd sets it, not the kernel's $HOME
+    out = Path(directory, f"slurm-{job_id}.out").read_text()
+    assert f"[on||{home}|path]" in out

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_slurm_ray.spec import ClusterSpec
@@ -52,6 +53,32 @@ def processes_of(job_dir: str) -> list[int]:
         if marker in environ.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] != "Z":
             found.append(int(entry.name))
     return found
+
+
+@dataclass(frozen=True)
+class ProcessEnvironment:
+    """What ``/proc/<pid>/environ`` shows of a process's environment (read as root).
+
+    A process that gave itself a title (setproctitle: ``ray::DashboardAgent``, ``ray::IDLE``)
+    wrote it over the start of its arguments and environment: its ``variables`` are then only
+    those left (``whole`` False), though ``block`` can still be searched for values.
+    """
+
+    block: bytes
+    variables: dict[str, str]
+    whole: bool
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessEnvironment | None:
+        """The process's environment; None once it ended."""
+        try:
+            block = Path(f"/proc/{pid}/environ").read_bytes()
+            titled = Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::")
+        except OSError:
+            return None
+        items = (item.decode(errors="replace") for item in block.split(b"\0") if item)
+        pairs = (item.partition("=") for item in items if "=" in item)
+        return cls(block, {name: value for name, _, value in pairs}, not titled)
 
 
 def wait_until_nothing_left(job_id: str, job_dir: str, timeout: float = 40.0) -> float:
