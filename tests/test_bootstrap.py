@@ -58,12 +58,17 @@ def assert_ports_are_claimed_and_open(job: JobDir, connection: dict) -> None:
     mine = [c for c in claims() if c["job_id"] == job.job_id]
     assert len(mine) == connection["node_count"]
     head_claim = next(c for c in mine if c["host"] == connection["head_host"])
-    assert head_claim["start"] == ports["gcs"]
+    assert head_claim["start"] == ports["node_manager"]
     assert (
         head_claim["size"]
-        == 11 + job.settings["worker_ports"]
-        == ports["max_worker"] - ports["gcs"] + 1
+        == 6 + job.settings["worker_ports"]
+        == ports["max_worker"] - ports["node_manager"] + 1
     )
+    # the GCS's port is kernel-assigned, outside the block; every port told is verified
+    assert not head_claim["start"] <= ports["gcs"] < head_claim["start"] + head_claim["size"]
+    assert connection["verified"]["listeners"] == {
+        name: ports[name] for name in ("client", "dashboard", "gcs")
+    }
     for name in ("gcs", "client", "dashboard"):
         with socket.create_connection((connection["head_ip"], ports[name]), timeout=2):
             pass
