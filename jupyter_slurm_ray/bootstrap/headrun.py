@@ -31,6 +31,7 @@ from listeners import OwnListeners
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
 from nodewatch import NodeWatch
+from portblock import port_name
 from rayargs import gcs_port, ray_environment, ray_versions, require_command
 from workerstep import WorkerStep
 
@@ -110,7 +111,7 @@ class HeadRun(NodeRun):
         plan = self.plan_node(toward)
         self.events.phase("ports", ports=plan.block.ports)
         self.nodes.hosts[plan.ip] = plan.host
-        names = {port: name for name, port in plan.block.ports.items()}
+        names = {port: port_name(port - plan.block.start) for port in plan.block.ports_range}
         self.own = OwnListeners(self.session_pids, plan.block.ports_range, names)
         self.dashboard = Dashboard(plan.ip, plan.block.ports["dashboard"], self.token())
         self.gcs = None

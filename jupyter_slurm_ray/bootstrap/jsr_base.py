@@ -43,11 +43,25 @@ class PortConflict(BootstrapError):
         log: list[str],
         by_uids: list[int] | None = None,
     ) -> None:
-        which = ", ".join(f"{port} ({name})" for port, name in zip(ports, names, strict=True))
+        which = port_list(ports, names)
         super().__init__(f"port {which or '?'} was taken after the probe ({what})", log)
         self.ports = ports
         self.names = names
         self.by_uids = by_uids or []
+
+
+def port_list(ports: list[int], names: list[str]) -> str:
+    """``21003 (dashboard), 21006-21015 (worker)``: runs of one name told as a range."""
+    runs: list[list[int | str]] = []
+    for port, name in zip(ports, names, strict=True):
+        if runs and runs[-1][2] == name and runs[-1][1] == port - 1:
+            runs[-1][1] = port
+        else:
+            runs.append([port, port, name])
+    return ", ".join(
+        f"{first} ({name})" if first == last else f"{first}-{last} ({name})"
+        for first, last, name in runs
+    )
 
 
 class HeadMoved(Exception):

@@ -267,3 +267,11 @@ def test_clients_refuse_a_connection_json_that_names_unverified_ports() -> None:
     for bad in ({}, {"verified": None}, {"verified": {"listeners": []}}, {"verified": other}):
         with pytest.raises(ConnectError, match="were verified as the cluster's own Ray"):
             ConnectionInfo.from_json(json.dumps({**CONNECTION, **bad}))
+
+
+def test_a_lost_blocks_ports_are_told_in_runs() -> None:
+    ports = [21005, 21006, 21007, 21008, 21010]
+    names = ["dashboard_metrics", "worker", "worker", "worker", "worker"]
+    assert jsr_base.port_list(ports, names) == (
+        "21005 (dashboard_metrics), 21006-21008 (worker), 21010 (worker)"
+    )
