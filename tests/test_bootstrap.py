@@ -208,7 +208,7 @@ def test_fixed_port_in_use_fails_fast(jobs: list[JobDir]) -> None:
         jobs.append(job)
         job.submit(extra_sbatch=["--nodelist=node1"])
         error = job.wait_for_event(lambda e: e["event"] == "error", 20, fail_on_error=False)
-        assert f"port {busy} (node_manager) is already in use on node1" in error["reason"]
+        assert f"port {busy} (object_manager) is already in use on node1" in error["reason"]
         wait_until_gone(job.job_id, 10)
     finally:
         listener.terminate()
