@@ -31,6 +31,7 @@ from .helpers.bootstrap import (
     in_node,
     log,
     run_as_user,
+    run_ray_client,
     user_uid,
     wait_until_gone,
 )
@@ -47,13 +48,13 @@ class Bob:
     """bob's squatter in compute node N's namespace; his recordings and his log."""
 
     def __init__(
-        self, node: int, watch: bool, ports: tuple[int, ...] = (), seconds: float = 600
+        self, node: int, mode: str, ports: tuple[int, ...] = (), seconds: float = 600
     ) -> None:
         self.out = Path(tempfile.mkdtemp(prefix="jsr-bob-", dir="/tmp"))
         os.chown(self.out, user_uid(BOB), user_uid(BOB))
         argv = in_node(
             node, "/usr/bin/python3", str(SQUATTER), str(user_uid()), str(self.out),
-            str(seconds), "watch" if watch else "hold", *map(str, ports), user=BOB,
+            str(seconds), mode, *map(str, ports), user=BOB,
         )  # fmt: skip
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd="/tmp")
         assert self.process.stdout is not None
@@ -142,7 +143,7 @@ def test_a_neighbour_squatting_the_heads_next_ports_never_gets_the_token(
     job = JobDir.create(nodes=2)
     jobs.append(job)
     tokens = Tokens(job.path / "ray_token")
-    bobs.append(Bob(node=1, watch=True))
+    bobs.append(Bob(node=1, mode="watch"))
     bob = bobs[0]
     job.submit(extra_sbatch=["--nodelist=node1,node2"])
     began = job.wait_started()["t"]
@@ -210,7 +211,7 @@ def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
     squatted.submit(extra_sbatch=["--nodelist=node3", "--hold"])
     order = portblock.derived_starts(squatted.job_id, size, port_range, [])
     dashboard = order[0] + portblock.PORT_NAMES.index("dashboard")
-    bobs.append(Bob(node=3, watch=False, ports=(dashboard,)))  # predictable: bob binds it first
+    bobs.append(Bob(node=3, mode="hold", ports=(dashboard,)))  # predictable: bob binds it first
     tokens = Tokens(squatted.path / "ray_token")
     run_as_user("scontrol", "release", squatted.job_id)
 
@@ -227,3 +228,41 @@ def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
     cancel_and_check_cleanup(squatted)
     assert_no_token_reached(bobs[0], tokens.stop())
     log(f"hash_jobid: job {plain.job_id} -> {expected}; {squatted.job_id} -> {order[1]}")
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_a_neighbour_squatting_ray_clients_own_server_ports_never_gets_the_token(
+    jobs: list[JobDir], bobs: list[Bob]
+) -> None:
+    """Ray Client's proxier starts a server per client on 127.0.0.1:23000 and on, a port it
+    probed; bob sees the client's connection and binds the next ones first."""
+    job = JobDir.create(nodes=1)
+    jobs.append(job)
+    job.submit(extra_sbatch=["--nodelist=node3"])
+    connection = job.wait_ready(120)
+    tokens = Tokens(job.path / "ray_token")
+    bobs.append(Bob(node=3, mode=f"connection:{connection['client_port']}"))
+    used = run_ray_client(job)  # it retries a failed start, as connect.py does
+    assert used["hosts"] == ["node3"]
+    bob = bobs[0]
+    assert "connection_seen" in [e["what"] for e in bob.log()]
+    squatted = bob.squatted()
+    assert squatted, bob.log()
+    proxier_log = Path(connection["temp_dir"]) / "session_latest/logs/ray_client_server.err"
+    refused = proxier_log.read_text().count("Not sending client")
+    accepted = [e for e in bob.log() if e["what"] == "accepted"]
+    log(
+        f"Ray Client squatter: bob held {sorted(squatted)}, was connected to {len(accepted)} "
+        f"times; the proxier refused {refused} server(s) whose port was not its own"
+    )
+    assert not accepted, (bob.log(), proxier_log.read_text()[-3000:])  # never connected to
+    cancel_and_check_cleanup(job)
+    assert_no_token_reached(bob, tokens.stop())
+    record_figure(
+        "another user binds Ray Client's per-client server ports as a client connects",
+        bob_ports=len(squatted),
+        bob_connections=len(accepted),
+        servers_refused=refused,
+        client_connected=True,
+    )

@@ -39,11 +39,16 @@ def test_the_guard_is_installed_in_rays_proxier() -> None:
 
 
 class FakeServer:
+    """Ray's SpecificServer as the proxier keeps it: its port and its process."""
+
     def __init__(self, port: int, process: subprocess.Popen) -> None:
         self.port = port
         self.process_handle_future: futures.Future = futures.Future()
         self.process_handle_future.set_result(SimpleNamespace(process=process))
         self.killed = False
+
+    def wait_ready(self) -> None:
+        self.process_handle_future.result()
 
     def kill(self) -> None:
         self.killed = True
@@ -53,6 +58,9 @@ def guarded_manager(server: FakeServer) -> object:
     class ProxyManager:
         def start_specific_server(self, client_id: str, job_config: object) -> bool:
             return True
+
+        def get_channel(self, client_id: str) -> str:
+            return "the channel"
 
         def _get_server_for_client(self, client_id: str) -> FakeServer:
             return server
@@ -75,7 +83,15 @@ def test_a_clients_server_listening_on_its_own_port_is_used() -> None:
         server = FakeServer(port, child)
         manager, errors = guarded_manager(server)
         assert manager.start_specific_server("c1", None) is True
+        assert manager.get_channel("c1") == "the channel"  # every later request too
         assert errors == [] and not server.killed
+        child.kill()
+        child.wait()
+        with socket.socket() as squatter:  # the server died; someone else took its port
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen()
+            assert manager.get_channel("c1") is None
+        assert "that is not its server's" in errors[0]
     finally:
         child.kill()
         child.wait()
@@ -90,8 +106,9 @@ def test_a_port_someone_else_listens_on_fails_the_start() -> None:
             server = FakeServer(squatter.getsockname()[1], sleeper)
             manager, errors = guarded_manager(server)
             assert manager.start_specific_server("c1", None) is False
+            assert manager.get_channel("c1") is None  # a reconnect, the log stream: neither
         assert server.killed
-        assert "that is not its server's" in errors[0]
+        assert "that is not its server's" in errors[0] and len(errors) == 2
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -1,8 +1,10 @@
 """A hostile neighbour, run as another user inside a compute node's network namespace.
 
-``python3 squatter.py VICTIM_UID OUT_DIR SECONDS watch|hold [PORT ...]`` binds the PORTs at
-once; with ``watch`` it then watches /proc/net/tcp{,6} for every new listening socket of
-VICTIM_UID and binds the ten ports after it (where it can), as soon as it appears. Each of
+``python3 squatter.py VICTIM_UID OUT_DIR SECONDS MODE [PORT ...]`` binds the PORTs at once;
+MODE ``watch``: it then watches /proc/net/tcp{,6} for every new listening socket of
+VICTIM_UID and binds the ten ports after it (where it can), as soon as it appears;
+``connection:N``: once a connection to local port N appears, it binds the ten ports from
+23000 (where Ray Client's proxier starts each client's own server); ``hold``: nothing more. Each of
 its listeners answers like an HTTP/2 server (its SETTINGS frame, then the ACK of the
 client's) so that a gRPC client goes on to send its request headers, and records every
 byte it receives in OUT_DIR/<port>-<n>.bin; OUT_DIR/log.jsonl says what it saw and did.
@@ -37,6 +39,20 @@ class Squatter:
         fields["t"] = time.time()
         with self.lock, open(os.path.join(self.out, "log.jsonl"), "a") as log:
             log.write(json.dumps(fields) + "\n")
+
+    def connected(self, port: int) -> bool:
+        """An established connection to local port ``port`` (someone's Ray Client)."""
+        for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(name) as table:
+                    rows = table.read().splitlines()[1:]
+            except OSError:
+                continue
+            for line in rows:
+                words = line.split()
+                if len(words) > 3 and words[3] == "01" and int(words[1][-4:], 16) == port:
+                    return True
+        return False
 
     def victims_listeners(self) -> set[int]:
         ports = set()
@@ -102,13 +118,15 @@ class Squatter:
             conn.close()
             self.note(what="closed", port=port, n=number, bytes=len(received))
 
-    def run(self, seconds: float, watch: bool, ports: list[int]) -> None:
+    def run(self, seconds: float, mode: str, ports: list[int]) -> None:
         for port in ports:
             self.hold(port, None)
-        self.note(what="watching" if watch else "holding")
+        self.note(what=mode)
         print("watching", flush=True)
         deadline = time.monotonic() + seconds
-        while not watch and time.monotonic() < deadline:
+        if mode.startswith("connection:"):
+            self.on_connection(int(mode.split(":")[1]), deadline)
+        while mode != "watch" and time.monotonic() < deadline:
             time.sleep(0.5)
         while time.monotonic() < deadline:
             for port in sorted(self.victims_listeners() - self.seen):
@@ -118,7 +136,16 @@ class Squatter:
                     self.hold(following, port)
             time.sleep(0.001)
 
+    def on_connection(self, port: int, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.connected(port):
+                self.note(what="connection_seen", port=port)
+                for following in range(23000, 23010):
+                    self.hold(following, port)
+                return
+            time.sleep(0.001)
+
 
 if __name__ == "__main__":
     victim, out, seconds, mode = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
-    Squatter(victim, out).run(seconds, mode == "watch", [int(port) for port in sys.argv[5:]])
+    Squatter(victim, out).run(seconds, mode, [int(port) for port in sys.argv[5:]])

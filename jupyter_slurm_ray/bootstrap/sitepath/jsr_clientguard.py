@@ -6,10 +6,12 @@ from 23000-23999 in order by binding and closing it; the new server binds it aga
 or two later, once Python imported Ray. In between, another user of the node can bind that
 port (he sees the client's connection appear in /proc/net/tcp and knows the order), and the
 proxier then connects to his listener and sends it the token (measured on the testbed with
-Ray 2.60: the token in the headers of ``RayletDataStreamer/Datapath``). Here, once the
-proxier started a client's server, it waits until that server listens and checks that every
-listener on the port is a socket of the server's own processes; if not, the start fails
-("Starting Ray client server failed", which clients retry) before any request is sent.
+Ray 2.60: the token in the headers of ``RayletDataStreamer/Datapath``). Every path of the
+proxier to a client's server goes through ``ProxyManager.get_channel`` (the first request,
+a reconnect, the log stream, each unary call): here it hands out the channel only while every
+listener on the server's port is a socket of the server's own processes (checked once, then
+only that the same sockets still listen there); the start itself fails when they are not
+("Starting Ray client server failed", which clients retry).
 
 Installed by ``sitecustomize`` in every Python process of the cluster's Ray; it acts only in
 the proxier, once ``ray.util.client.server.proxier`` is imported. The /proc reading mirrors
@@ -31,9 +33,9 @@ TARGET = "ray.util.client.server.proxier"
 LISTEN_WAIT = 30.0  # s for a client's server to listen (Ray's own channel timeout)
 
 
-def listening_sockets(port: int) -> list[tuple[int, int]]:
-    """(uid, inode) of every listening TCP socket on ``port`` in this network namespace."""
-    found = []
+def listening_sockets(port: int) -> dict[int, int]:
+    """inode -> uid of every listening TCP socket on ``port`` in this network namespace."""
+    found = {}
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(name) as table:
@@ -43,7 +45,7 @@ def listening_sockets(port: int) -> list[tuple[int, int]]:
         for row in rows:
             words = row.split()
             if len(words) > 9 and words[3] == "0A" and int(words[1].rsplit(":", 1)[1], 16) == port:
-                found.append((int(words[7]), int(words[9])))
+                found[int(words[9])] = int(words[7])
     return found
 
 
@@ -89,7 +91,7 @@ def foreign_listener(port: int, process: Any, wait: float = LISTEN_WAIT) -> str 
         found = listening_sockets(port)
         if found:
             ours = socket_inodes(process_tree(process.pid))
-            strangers = sorted({uid for uid, inode in found if inode not in ours})
+            strangers = sorted({uid for inode, uid in found.items() if inode not in ours})
             if not strangers:
                 return None
             return f"port {port} has a listener of uid {strangers} that is not its server's"
@@ -100,26 +102,55 @@ def foreign_listener(port: int, process: Any, wait: float = LISTEN_WAIT) -> str 
         time.sleep(0.05)
 
 
+def refusal(server: Any) -> str | None:
+    """Why not to send to this client's server now, or None: the sockets verified as its own
+    still listen on its port (verified now when that is not known yet)."""
+    verified: frozenset[int] | None = getattr(server, "jsr_verified", None)
+    found = set(listening_sockets(server.port))
+    if verified and found and found <= verified:
+        return None
+    handle = server.process_handle_future.result()
+    if handle is None:
+        return "its server did not start"
+    reason = foreign_listener(server.port, handle.process)
+    if reason is None:
+        server.jsr_verified = frozenset(listening_sockets(server.port))
+    return reason
+
+
 def guard(proxier: ModuleType) -> None:
-    """ProxyManager.start_specific_server succeeds only for a server whose port is its own."""
+    """ProxyManager: a client's server whose port is not its own is never connected to."""
     manager = proxier.ProxyManager
-    start = manager.start_specific_server
+    start, get = manager.start_specific_server, manager.get_channel
 
     def start_specific_server(self: Any, client_id: str, job_config: Any) -> bool:
         if not start(self, client_id, job_config):
             return False
         server = self._get_server_for_client(client_id)
-        handle = server.process_handle_future.result(timeout=0) if server else None
-        if handle is None:
-            return False
-        reason = foreign_listener(server.port, handle.process)
+        reason = refusal(server) if server is not None else "it is not known"
         if reason is None:
             return True
         proxier.logger.error(f"Not sending client {client_id}'s requests there: {reason}")
-        server.kill()
+        if server is not None:
+            server.kill()
         return False
 
+    def get_channel(self: Any, client_id: str) -> Any:
+        server = self._get_server_for_client(client_id)
+        if server is None:
+            return get(self, client_id)
+        try:
+            server.wait_ready()  # as Ray's own get_channel does first
+        except RuntimeError:
+            return get(self, client_id)  # its start failed: Ray's answer, unchanged
+        reason = refusal(server)
+        if reason is not None:
+            proxier.logger.error(f"Not sending client {client_id}'s requests there: {reason}")
+            return None
+        return get(self, client_id)
+
     manager.start_specific_server = start_specific_server
+    manager.get_channel = get_channel
     manager.jsr_guarded = True
 
 
