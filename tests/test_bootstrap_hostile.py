@@ -235,34 +235,37 @@ def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
 def test_a_neighbour_squatting_ray_clients_own_server_ports_never_gets_the_token(
     jobs: list[JobDir], bobs: list[Bob]
 ) -> None:
-    """Ray Client's proxier starts a server per client on 127.0.0.1:23000 and on, a port it
-    probed; bob sees the client's connection and binds the next ones first."""
+    """Ray Client's proxier starts a server per client on 127.0.0.1:<port>, a port it probed;
+    the port is on that server's command line a second or two before it binds it: bob binds
+    it first. The proxier never connects to him; the client's retry gets another server
+    (bob takes only the first: had he taken them all, no client would connect, and still no
+    token would reach him)."""
     job = JobDir.create(nodes=1)
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
     connection = job.wait_ready(120)
     tokens = Tokens(job.path / "ray_token")
-    bobs.append(Bob(node=3, mode=f"connection:{connection['client_port']}"))
+    bobs.append(Bob(node=3, mode="clientserver:1"))
     used = run_ray_client(job)  # it retries a failed start, as connect.py does
     assert used["hosts"] == ["node3"]
     bob = bobs[0]
-    assert "connection_seen" in [e["what"] for e in bob.log()]
+    seen = [e["port"] for e in bob.log() if e["what"] == "client_server_seen"]
     squatted = bob.squatted()
-    assert squatted, bob.log()
     proxier_log = Path(connection["temp_dir"]) / "session_latest/logs/ray_client_server.err"
     refused = proxier_log.read_text().count("Not sending client")
     accepted = [e for e in bob.log() if e["what"] == "accepted"]
     log(
-        f"Ray Client squatter: bob held {sorted(squatted)}, was connected to {len(accepted)} "
-        f"times; the proxier refused {refused} server(s) whose port was not its own"
+        f"Ray Client squatter: bob saw client servers on {seen}, took {sorted(squatted)}, was "
+        f"connected to {len(accepted)} times; the proxier refused {refused} time(s)"
     )
-    assert not accepted, (bob.log(), proxier_log.read_text()[-3000:])  # never connected to
-    cancel_and_check_cleanup(job)
     assert_no_token_reached(bob, tokens.stop())
+    assert not accepted, (bob.log(), proxier_log.read_text()[-3000:])  # never connected to
+    assert squatted and refused  # bob took a client server's port, and the proxier saw it
+    cancel_and_check_cleanup(job)
     record_figure(
-        "another user binds Ray Client's per-client server ports as a client connects",
+        "another user binds Ray Client's per-client server port before that server does",
         bob_ports=len(squatted),
         bob_connections=len(accepted),
-        servers_refused=refused,
+        proxier_refusals=refused,
         client_connected=True,
     )

@@ -3,8 +3,9 @@
 ``python3 squatter.py VICTIM_UID OUT_DIR SECONDS MODE [PORT ...]`` binds the PORTs at once;
 MODE ``watch``: it then watches /proc/net/tcp{,6} for every new listening socket of
 VICTIM_UID and binds the ten ports after it (where it can), as soon as it appears;
-``connection:N``: once a connection to local port N appears, it binds the ten ports from
-23000 (where Ray Client's proxier starts each client's own server); ``hold``: nothing more. Each of
+``clientserver:K``: it watches the victim's new processes for Ray Client's per-client server
+(``--mode=specific-server --port=N`` on its command line, readable by every user) and binds
+its port N before that server does, for the first K of them; ``hold``: nothing more. Each of
 its listeners answers like an HTTP/2 server (its SETTINGS frame, then the ACK of the
 client's) so that a gRPC client goes on to send its request headers, and records every
 byte it receives in OUT_DIR/<port>-<n>.bin; OUT_DIR/log.jsonl says what it saw and did.
@@ -40,19 +41,30 @@ class Squatter:
         with self.lock, open(os.path.join(self.out, "log.jsonl"), "a") as log:
             log.write(json.dumps(fields) + "\n")
 
-    def connected(self, port: int) -> bool:
-        """An established connection to local port ``port`` (someone's Ray Client)."""
-        for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-            try:
-                with open(name) as table:
-                    rows = table.read().splitlines()[1:]
-            except OSError:
+    def new_client_servers(self, first_seen: dict[str, float], done: set[str]) -> list[int]:
+        """Ports of the victim's Ray Client servers that started since the last look (a young
+        process is read again: until its exec it shows its parent's command line)."""
+        ports, now = [], time.monotonic()
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name in done:
                 continue
-            for line in rows:
-                words = line.split()
-                if len(words) > 3 and words[3] == "01" and int(words[1][-4:], 16) == port:
-                    return True
-        return False
+            first = first_seen.setdefault(name, now)
+            if now - first > 10:
+                done.add(name)
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != self.victim:
+                    done.add(name)
+                    continue
+                with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                    words = cmdline.read().split(b"\0")
+            except OSError:
+                done.add(name)
+                continue
+            if b"--mode=specific-server" in words:
+                done.add(name)
+                ports += [int(w[7:]) for w in words if w.startswith(b"--port=")]
+        return ports
 
     def victims_listeners(self) -> set[int]:
         ports = set()
@@ -124,8 +136,8 @@ class Squatter:
         self.note(what=mode)
         print("watching", flush=True)
         deadline = time.monotonic() + seconds
-        if mode.startswith("connection:"):
-            self.on_connection(int(mode.split(":")[1]), deadline)
+        if mode.startswith("clientserver:"):
+            self.on_client_servers(int(mode.split(":")[1]), deadline)
         while mode != "watch" and time.monotonic() < deadline:
             time.sleep(0.5)
         while time.monotonic() < deadline:
@@ -136,14 +148,15 @@ class Squatter:
                     self.hold(following, port)
             time.sleep(0.001)
 
-    def on_connection(self, port: int, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.connected(port):
-                self.note(what="connection_seen", port=port)
-                for following in range(23000, 23010):
-                    self.hold(following, port)
-                return
-            time.sleep(0.001)
+    def on_client_servers(self, count: int, deadline: float) -> None:
+        done = {name for name in os.listdir("/proc") if name.isdigit()}  # before: not news
+        first_seen: dict[str, float] = {}
+        while count > 0 and time.monotonic() < deadline:
+            for port in self.new_client_servers(first_seen, done)[:count]:
+                self.note(what="client_server_seen", port=port)
+                self.hold(port, port)
+                count -= 1
+            time.sleep(0.002)
 
 
 if __name__ == "__main__":
