@@ -57,6 +57,7 @@ class HeadRun(NodeRun):
         self.dashboard: Dashboard | None = None
         self.gcs: int | None = None  # the GCS's port (kernel-assigned), once verified
         self.head_json: dict[str, object] = {}
+        self.clients_told = False  # connection.json written for this attempt (head_ready)
 
     def main(self) -> str:
         self.events.phase("bootstrap", job_id=job_id(), pid=os.getpid(), python=sys.executable)
@@ -88,15 +89,27 @@ class HeadRun(NodeRun):
                 stop = self.wait_until_ready(versions)
                 break
             except PortConflict as conflict:
-                self.forget_head()  # the workers wait for the new head.json
-                renew_token(self.job_dir / "ray_token")  # the old one may have been sent
-                self.give_up_ports(conflict, new_token=True)
-                self.start_head(ray, toward)
+                self.move_head(conflict, ray, toward)
         if stop:
             return stop
         self.write_connection(versions)
         self.announce_ready()
         return self.supervise()
+
+    def move_head(self, conflict: PortConflict, ray: str, toward: str | None) -> None:
+        """A port of the block was lost: Ray again on another block (BootstrapError when none
+        is left, or when clients were told of the listener someone else now holds)."""
+        if self.clients_told and conflict.by_uids:
+            raise stopped_for_clients(conflict)
+        self.forget_head()  # the workers wait for the new head.json
+        # Before clients were told (head_ready), the old token may have gone only to this
+        # block: a new one costs nothing. After, clients hold it and nothing of ours sent it
+        # to a port that was not verified: it is kept.
+        renew = not self.clients_told
+        if renew:
+            renew_token(self.job_dir / "ray_token")
+        self.give_up_ports(conflict, new_token=renew)
+        self.start_head(ray, toward)
 
     def forget_head(self) -> None:
         """No head.json nor connection.json: nothing names a head that is not verified."""
@@ -115,6 +128,7 @@ class HeadRun(NodeRun):
         self.own = OwnListeners(self.session_pids, plan.block.ports_range, names)
         self.dashboard = Dashboard(plan.ip, plan.block.ports["dashboard"], self.token())
         self.gcs = None
+        self.clients_told = False
         self.events.phase("head_starting", head_ip=plan.ip, temp_dir=str(plan.temp_dir))
         self.start_ray(plan.head_argv(ray, self.config), f"ray-head-{plan.host}.log")
 
@@ -152,11 +166,14 @@ class HeadRun(NodeRun):
     # ----- whose listeners answer on the head's ports
 
     def check_listeners(self) -> None:
-        """PortConflict if someone else listens on a port of the block; the GCS's port (which
-        Ray announces once bound) and the dashboard's verified and told in head.json."""
+        """Until clients are told: PortConflict if someone else listens on a port of the block.
+        The GCS's port (which Ray announces once bound) and the dashboard's verified and told
+        in head.json. (Once clients are told, only the verified listeners matter: nothing of
+        ours sends the token to another port of the block.)"""
         assert self.own is not None and self.plan is not None
         self.own.scan()
-        self.own.check_block()
+        if not self.clients_told:
+            self.own.check_block()
         if self.gcs is None:
             port = gcs_port(self.plan.temp_dir)
             if port is None or not self.own.verify("gcs", port):
@@ -254,7 +271,7 @@ class HeadRun(NodeRun):
                 self.nodes.note(alive)
                 client_ours = self.own.verify("client", self.plan.block.ports["client"])
                 if client_ours and not head_ready:
-                    head_ready = True
+                    head_ready = self.clients_told = True
                     self.write_connection(versions)
                     self.plan.block.publish()  # Ray bound its ports: the claim may be seen
                     self.events.emit("head_ready", joined=len(alive), wanted=self.wanted)
@@ -353,8 +370,7 @@ class HeadRun(NodeRun):
             try:
                 ours = self.own.verify(name, port)
             except PortConflict as taken:
-                why = "the cluster stops so that no client sends its token there"
-                raise BootstrapError(f"{taken.reason}; {why}", taken.log) from None
+                raise stopped_for_clients(taken) from None
             if not ours:
                 self.check_head_alive()  # its process died: Ray's own words say why
 
@@ -381,3 +397,9 @@ class HeadRun(NodeRun):
         self.cancel_worker_jobs()
         self.events.phase("stopped", reason=reason)
         self.events.emit("stopped", reason=reason, exit_code=code, killed=len(self.killed))
+
+
+def stopped_for_clients(taken: PortConflict) -> BootstrapError:
+    """Someone else listens where clients were told the head is: the cluster ends."""
+    why = "the cluster stops so that no client sends its token there"
+    return BootstrapError(f"{taken.reason}; {why}", taken.log)
