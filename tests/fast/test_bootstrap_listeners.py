@@ -275,3 +275,15 @@ def test_a_lost_blocks_ports_are_told_in_runs() -> None:
     assert jsr_base.port_list(ports, names) == (
         "21005 (dashboard_metrics), 21006-21008 (worker), 21010 (worker)"
     )
+
+
+def test_the_bootstrap_takes_the_three_port_strategies(tmp_path: Path) -> None:
+    settings = tmp_path / "bootstrap.json"
+    for strategy in ("random", "fixed", "hash_jobid"):
+        settings.write_text(
+            json.dumps({"cluster_id": "c", "port_strategy": strategy, "fixed_port_base": 30000})
+        )
+        assert jsr_base.Config.load(settings).port_strategy == strategy
+    settings.write_text(json.dumps({"cluster_id": "c", "port_strategy": "sequential"}))
+    with pytest.raises(jsr_base.BootstrapError, match="random, fixed or hash_jobid"):
+        jsr_base.Config.load(settings)
