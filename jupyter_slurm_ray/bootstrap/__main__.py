@@ -89,8 +89,9 @@ sticky), else in the private /tmp/jsr-<uid>/ports; only believable claims are ho
 Only the standard library is used; Ray is driven through its ``ray`` command, since the
 cluster's Python may not have the ray package. ``sitepath/`` goes first on the PYTHONPATH of
 Ray's processes: it defers a costly import, and makes Ray Client's proxier connect to a
-client's own server only once every listener on its port is that server's (jsr_clientguard). ``ray stop`` is never used (it kills every Ray
-process of the user on the node): each node stops its own process session and nothing else.
+client's own server only once every listener on its port is that server's (jsr_clientguard).
+``ray stop`` is never used (it kills every Ray process of the user on the node): each node
+stops its own process session and nothing else.
 """
 
 
