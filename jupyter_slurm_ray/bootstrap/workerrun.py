@@ -30,6 +30,8 @@ class WorkerRun(NodeRun):
         self.load_config()
         ray = self.find_ray()
         head = self.read_head_json()
+        if head is None:
+            return self.stop_reason()
         self.plan_node(head["head_ip"])
         retried_early = False
         while True:
@@ -129,8 +131,9 @@ class WorkerRun(NodeRun):
             time.sleep(0.2)
         return False
 
-    def read_head_json(self) -> dict[str, Any]:
-        """head.json, waited for: the head writes it once its GCS listens and is verified."""
+    def read_head_json(self) -> dict[str, Any] | None:
+        """head.json, waited for (the head writes it once its GCS listens and is verified);
+        None when asked to stop meanwhile."""
         path = self.job_dir / "head.json"
         while not self.flags.stop:
             head = self.latest_head()
@@ -139,7 +142,7 @@ class WorkerRun(NodeRun):
             if time.monotonic() > self.deadline:
                 raise BootstrapError(f"the head's address file {path} did not appear in time")
             time.sleep(0.2)
-        raise BootstrapError(f"stopped ({self.stop_reason()}) before the head was known")
+        return None
 
     def wait_until_joined(self, process: RayProcess, head: dict[str, Any]) -> str | None:
         assert self.plan is not None
