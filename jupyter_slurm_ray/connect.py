@@ -59,7 +59,7 @@ class ConnectionInfo:
     def from_json(cls, text: str) -> ConnectionInfo:
         try:
             data = json.loads(text)
-            return cls(
+            info = cls(
                 head_ip=str(data["head_ip"]),
                 client_port=int(data["client_port"]),
                 dashboard_port=int(data["dashboard_port"]),
@@ -75,6 +75,22 @@ class ConnectionInfo:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConnectError(f"connection.json is not valid: {exc}") from None
+        _require_verified(data, info)
+        return info
+
+
+def _require_verified(data: dict[str, Any], info: ConnectionInfo) -> None:
+    """The head's Ray Client and dashboard ports are the listeners the bootstrap verified as
+    the job's own Ray (``bootstrap/listeners.py``): the token goes to no other address."""
+    verified = data.get("verified")
+    listeners = verified.get("listeners") if isinstance(verified, dict) else None
+    ports = listeners if isinstance(listeners, dict) else {}
+    if ports.get("client") != info.client_port or ports.get("dashboard") != info.dashboard_port:
+        raise ConnectError(
+            "connection.json does not say that its Ray Client and dashboard ports were verified "
+            "as the cluster's own Ray (written by an older bootstrap, or not by one): not "
+            "connecting, so that the token goes nowhere else; start the cluster again"
+        )
 
 
 def _optional_float(value: object) -> float | None:

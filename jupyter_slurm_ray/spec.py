@@ -59,7 +59,9 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- the spec
 
-NAMED_RAY_PORTS = 11  # ports the bootstrap pins per node besides the worker port range
+# ports the bootstrap pins per node besides the worker port range (bootstrap/portblock.py's
+# PORT_NAMES); Ray's GCS and agents take kernel-assigned ports (bootstrap/rayargs.py)
+NAMED_RAY_PORTS = 6
 
 
 def _setting(default: Any, check: Check, kind: str, help: str) -> Any:
@@ -171,12 +173,22 @@ class ClusterSpec:
     )
     port_strategy: str = _setting(
         "random",
-        choice("random", "fixed"),
+        choice("random", "fixed", "hash_jobid"),
         "text",
-        "'random' (a free block in port_range) or 'fixed' (fixed_port_base).",
+        "How each node's port block is chosen: 'random' (a free block in port_range), 'fixed' "
+        "(from fixed_port_base) or 'hash_jobid' (derived from the Slurm job id, so that it can "
+        "be predicted: port_range cut into blocks of 6 + worker_ports ports from its low end, "
+        "block number int(sha256(job id), 16) mod their count, the next one when it is taken). "
+        "Every block is bind-probed, its listeners verified as Ray's, and given up for "
+        "another (with a new token) when someone else listens on one of its ports.",
     )
     port_range: tuple[int, int] = _setting(
-        (20000, 29999), port_pair, "ints", "Ports Ray may use: [low, high]."
+        (20000, 29999),
+        port_pair,
+        "ints",
+        "Ports of the node blocks: [low, high]. A block holds Ray's node manager, object "
+        "manager, Ray Client, dashboard and two metrics ports, then worker_ports worker ports; "
+        "Ray's GCS and agents take ports the kernel assigns (outside it).",
     )
     fixed_port_base: int | None = _setting(
         None,

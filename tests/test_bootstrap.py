@@ -58,12 +58,17 @@ def assert_ports_are_claimed_and_open(job: JobDir, connection: dict) -> None:
     mine = [c for c in claims() if c["job_id"] == job.job_id]
     assert len(mine) == connection["node_count"]
     head_claim = next(c for c in mine if c["host"] == connection["head_host"])
-    assert head_claim["start"] == ports["gcs"]
+    assert head_claim["start"] == ports["node_manager"]
     assert (
         head_claim["size"]
-        == 11 + job.settings["worker_ports"]
-        == ports["max_worker"] - ports["gcs"] + 1
+        == 6 + job.settings["worker_ports"]
+        == ports["max_worker"] - ports["node_manager"] + 1
     )
+    # the GCS's port is kernel-assigned, outside the block; every port told is verified
+    assert not head_claim["start"] <= ports["gcs"] < head_claim["start"] + head_claim["size"]
+    assert connection["verified"]["listeners"] == {
+        name: ports[name] for name in ("client", "dashboard", "gcs")
+    }
     for name in ("gcs", "client", "dashboard"):
         with socket.create_connection((connection["head_ip"], ports[name]), timeout=2):
             pass
@@ -203,7 +208,7 @@ def test_fixed_port_in_use_fails_fast(jobs: list[JobDir]) -> None:
         jobs.append(job)
         job.submit(extra_sbatch=["--nodelist=node1"])
         error = job.wait_for_event(lambda e: e["event"] == "error", 20, fail_on_error=False)
-        assert f"port {busy} (node_manager) is already in use on node1" in error["reason"]
+        assert f"port {busy} (object_manager) is already in use on node1" in error["reason"]
         wait_until_gone(job.job_id, 10)
     finally:
         listener.terminate()

@@ -24,6 +24,7 @@ import pytest
 
 from .helpers.bootstrap import (
     BOOTSTRAP_DIR,
+    DEFAULT_SETUP,
     JOBS_ROOT,
     NODE_NETNS,
     JobDir,
@@ -39,6 +40,7 @@ from .helpers.bootstrap import (
     write_as_user,
 )
 from .helpers.clusters import processes_of
+from .helpers.faults import record_figure
 from .helpers.jobs import queue_state
 from .helpers.testbed import USER
 
@@ -202,36 +204,67 @@ def assert_nothing_started(job: JobDir) -> None:
     assert not [c for c in claims() if c.get("job_id") == job.job_id]
 
 
+def lease_written(job: JobDir, t: float) -> None:
+    """The lease file as the filesystem saw it written at t (by its own clock)."""
+    run_as_user("touch", "-d", f"@{t:.3f}", str(job.path / "lease"))
+
+
+def slurm_elapsed(job_id: str) -> int | None:
+    """Seconds Slurm counts from the job's start to its end (sacct, whole seconds)."""
+    done = run_as_user("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "ElapsedRaw", check=False)
+    words = done.stdout.split()
+    return int(words[0]) if words and words[0].isdigit() else None
+
+
 @pytest.mark.testbed
 @pytest.mark.ray
 def test_a_job_whose_owner_is_gone_never_starts_ray(jobs: list[JobDir]) -> None:
     left_long_ago = JobDir.create(nodes=2, idle_timeout=300.0)
-    left_long_ago.lease(lease_json(time.time() - 3 * 3600 - 725, seq=812, renew_every=2.0))
+    renewed = time.time() - 3 * 3600 - 725
+    left_long_ago.lease(lease_json(renewed, seq=812, renew_every=2.0))
+    lease_written(left_long_ago, renewed + 0.01)
     old_format = JobDir.create(nodes=1, idle_timeout=8.0)
     old_format.lease("4242 17\n")  # no time in it: 7 s without a change tell
     jobs += [left_long_ago, old_format]
+    started_file = "script-started"  # the job script's first act, before its setup lines
     for job in jobs:
-        job.submit()
+        job.submit(setup=f'date +%s.%N > "$PWD/{started_file}"\n{DEFAULT_SETUP}')
+    figures = {}
     for job in jobs:
         job.wait_started()
         assert wait_gone_watching(job, 30) == []
+        gone_at = time.time()
         began, stopped = job.events()[0], job.events()[-1]
         assert (stopped["event"], stopped["reason"], stopped["exit_code"]) == (
             "stopped", "owner_gone", 0,
         )  # fmt: skip
-        log(f"owner gone: job start -> exit {stopped['t'] - began['t']:.1f} s")
+        script = float((job.path / started_file).read_text())
+        figures[job.job_id] = {
+            "script_start_to_job_gone_s": round(gone_at - script, 2),
+            "script_start_to_bootstrap_s": round(began["t"] - script, 2),
+            "bootstrap_first_to_last_event_s": round(stopped["t"] - began["t"], 2),
+            "slurm_elapsed_s": slurm_elapsed(job.job_id),
+        }
+        log(f"owner gone: job {job.job_id} {figures[job.job_id]}")
         assert_nothing_started(job)
         assert job.path.joinpath(f"slurm-{job.job_id}.err").read_text().count("Traceback") == 0
     gone = next(e for e in left_long_ago.events() if e["event"] == "owner_gone")
     assert 3 * 3600 + 725 <= gone["lease_age"] < 3 * 3600 + 800  # plus the time in the queue
+    assert 3 * 3600 + 724 <= gone["lease_file_age"] < 3 * 3600 + 800  # the filesystem agrees
     assert re.fullmatch(
         r"the owner's lease was last renewed 3:1[2-3]:\d\d ago \(idle_timeout 300 s\): "
         r"the owner is gone, Ray was not started",
         gone["reason"],
     ), gone["reason"]
-    assert gone["t"] - left_long_ago.events()[0]["t"] >= 7  # it waited 2 * renew_every + 3 s
+    assert gone["waited"] == 0  # both clocks said so: no waiting for a change
     gone = next(e for e in old_format.events() if e["event"] == "owner_gone")
     assert gone["lease_age"] is None and "has no renewal time" in gone["reason"]
+    assert gone["waited"] > 0  # no time in the lease: only the lack of a change tells
+    record_figure(
+        "kernel gone long before the job started (bootstrap test)",
+        lease_with_time=figures[left_long_ago.job_id],
+        lease_without_time=figures[old_format.job_id],
+    )
 
 
 @pytest.fixture
@@ -329,10 +362,18 @@ def hostile_node(testbed) -> Iterator[list[Bob]]:
     shutil.rmtree(SHARED, ignore_errors=True)
 
 
+BLOCK = len(portblock.PORT_NAMES) + 16  # the ports of a block of these tests' jobs
+
+
 def narrow_range() -> tuple[int, int]:
-    """Three blocks of 27 ports, below the other tests' 20000-32000."""
-    low = 11000 + (os.getpid() % 300) * 27
-    return low, low + 3 * 27 - 1
+    """Three blocks, below the other tests' 20000-32000."""
+    low = 11000 + (os.getpid() % 300) * BLOCK
+    return low, low + 3 * BLOCK - 1
+
+
+def block_ports(connection: dict) -> set[int]:
+    """The ports of the head's block (the GCS's port is kernel-assigned, outside it)."""
+    return {port for name, port in connection["ports"].items() if name != "gcs"}
 
 
 @pytest.mark.testbed
@@ -341,19 +382,19 @@ def test_a_hostile_user_cannot_block_nor_hijack_the_ports(
     jobs: list[JobDir], hostile_node: list[Bob]
 ) -> None:
     low, high = narrow_range()
-    taken = low + 30  # in the middle block
+    taken = low + BLOCK + 8  # in the middle block
     hostile_node.append(Bob(make_dir=True, low=low, port=taken))
     job = JobDir.create(nodes=1, port_range=[low, high])
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
     connection = job.wait_ready(90)
 
-    ports = set(connection["ports"].values())
+    ports = block_ports(connection)
     assert taken not in ports and low <= min(ports) and max(ports) <= high
     assert connection["head_host"] == "node3"
     assert not [e for e in job.events() if e["event"] in ("port_lock_unavailable", "ports_retry")]
     mine = [c for c in claims() if c.get("job_id") == job.job_id]  # in alice's own lock dir
-    assert [c["start"] for c in mine] == [connection["ports"]["gcs"]]
+    assert [c["start"] for c in mine] == [connection["ports"]["node_manager"]]
     assert SHARED.stat().st_uid == user_uid(BOB)
     assert not [p for p in SHARED.iterdir() if p.owner() == "alice"]  # alice wrote nothing there
     cancel_and_check_cleanup(job)
@@ -367,7 +408,7 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     low, high = narrow_range()
     SHARED.mkdir(mode=0o1777)
     os.chmod(SHARED, 0o1777)  # provided by the site: root's, sticky
-    hostile_node.append(Bob(make_dir=False, low=low, port=low + 30))
+    hostile_node.append(Bob(make_dir=False, low=low, port=low + BLOCK + 8))
     job = JobDir.create(nodes=1, port_range=[low, high])
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
@@ -379,16 +420,20 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     waited = unavailable["t"] - job.events()[0]["t"]
     log(f"held shared lock: waited {waited:.1f} s")
     assert 10 <= waited < 12
-    ports = job.wait_for_event(lambda e: e.get("phase") == "ports", 10)
-    mine = [c for c in claims(str(SHARED)) if c.get("job_id") == job.job_id]
-    assert [c["start"] for c in mine] == [ports["ports"]["gcs"]]  # others can see alice's claim
-    claim_file = next(SHARED.glob(f"{ports['ports']['gcs']}-*.claim"))
-    assert claim_file.owner() == "alice" and claim_file.stat().st_mode & 0o777 == 0o644
+    ports = job.wait_for_event(lambda e: e.get("phase") == "ports", 10)["ports"]
+    (window,) = [c for c in claims(str(SHARED)) if c.get("job_id") == job.job_id]
+    start = ports["node_manager"]  # others see a claim around the block, not the block
+    assert window["start"] <= start and start + BLOCK <= window["start"] + window["size"]
+    assert window["size"] > BLOCK or (window["start"], window["size"]) == (low, high - low + 1)
 
     connection = job.wait_ready(90)
     hostile_node[0].leave()  # only now: until the ports are final, bob's port must stay taken
-    ports = set(connection["ports"].values())
-    assert low + 30 not in ports and low <= min(ports) and max(ports) <= high
+    ports = block_ports(connection)
+    assert low + BLOCK + 8 not in ports and low <= min(ports) and max(ports) <= high
+    mine = [c for c in claims(str(SHARED)) if c.get("job_id") == job.job_id]
+    assert [(c["start"], c["size"]) for c in mine] == [(start, BLOCK)]  # Ray bound its ports
+    claim_file = next(SHARED.glob(f"{start}-*.claim"))
+    assert claim_file.owner() == "alice" and claim_file.stat().st_mode & 0o777 == 0o644
     cancel_and_check_cleanup(job, str(SHARED))
     assert not claim_file.exists()
 
@@ -427,11 +472,9 @@ while time.time() < deadline:
                     pass
     except OSError:
         pass
-    heads = [e["ports"]["gcs"] for e in found if e.get("phase") == "ports"]
+    heads = [e["t"] for e in found if e.get("phase") == "ports" and e["role"] == "head"]
     for event in found:  # the worker's block, once it joins the head's second block
-        if len(heads) > 1 and event["event"] == "worker_starting" and event["head"].endswith(
-            f":{heads[1]}"
-        ):
+        if len(heads) > 1 and event["event"] == "worker_starting" and event["t"] > heads[1]:
             thief = socket.socket()
             thief.bind(("", event["ports"]["node_manager"]))
             thief.listen()
@@ -462,19 +505,27 @@ def test_a_port_taken_after_the_probe_moves_the_node_to_another_block(
         stolen = int(worker_thief.stdout.readline())
         log_retries(job)
         retries = [e for e in job.events() if e["event"] == "ports_retry"]
-        firsts = [e["ports"]["gcs"] for e in job.events() if e.get("phase") == "ports"]
+        heads = [e for e in job.events() if e.get("phase") == "ports" and e["role"] == "head"]
+        firsts = [e["ports"]["node_manager"] for e in heads]
         assert [(e["role"], e["ports"], e["port_names"], e["attempt"]) for e in retries] == [
-            ("head", [firsts[0]], ["gcs"], 2),
+            ("head", [firsts[0]], ["node_manager"], 2),
             ("worker", [stolen], ["node_manager"], 2),
         ]
         log(f"port retry reasons: {[e['reason'] for e in retries]}")
         assert retries[0]["reason"].startswith(
-            f"port {firsts[0]} (gcs) was taken after the probe (gcs_server.err: "
+            f"port {firsts[0]} (node_manager) was taken after the probe (raylet.err: "
         )
+        assert retries[0]["new_token"] is True and retries[1]["new_token"] is False
+        # head.json names a head only once its GCS is verified: the worker may never have
+        # seen the first one; if it did, it followed the move
+        toward_first = [
+            e for e in job.events() if e["event"] == "worker_starting" and e["t"] < heads[1]["t"]
+        ]
         moved = [e for e in job.events() if e["event"] == "worker_retry"]
-        assert moved and moved[0]["reason"].startswith("the head moved to ")
+        if toward_first:
+            assert moved and moved[0]["reason"].startswith("the head moved to ")
         assert connection["node_count"] == 2
-        assert connection["ports"]["gcs"] == firsts[1] != firsts[0]
+        assert connection["ports"]["node_manager"] == firsts[1] != firsts[0]
     finally:
         worker_thief.communicate("", timeout=10)  # it names the job dir: gone before the check
     cancel_and_check_cleanup(job)

@@ -599,6 +599,7 @@ def register(server, testbed) -> Iterator:
                 "ray_version": "0",
                 "python_version": "0",
                 "node_count": 1,
+                "verified": {"uid": user.pw_uid, "listeners": {"client": 1, "dashboard": port}},
             }
             Path(job_dir, "connection.json").write_text(json.dumps(connection))
         for path in (job_dir, *Path(job_dir).iterdir()):

@@ -19,29 +19,46 @@ before ``sbatch``:
     lease            rewritten by the owner          detached    optional: ignore the lease
 
 The owner rewrites ``lease`` every renew_every s with one JSON object {"pid", "host", "seq",
-"t" (its time.time()), "renew_every"} (older owners: "PID COUNTER"). Before anything starts,
-a "t" older than idle_timeout (or none) and no change within min(idle_timeout,
-2 * renew_every + 3) s mean the owner is gone: nothing is started. Once started, the cluster
-stops when the lease did not change for idle_timeout s (this node's clock).
+"t" (its time.time()), "renew_every"} (older owners: "PID COUNTER"). Before anything starts
+(the first thing the bootstrap does after reading its settings), a "t" older than
+idle_timeout while the lease file too was last written more than idle_timeout ago (by the
+job dir's filesystem's clock) means the owner is gone: nothing is started. When the clocks
+disagree or there is no "t", no change within min(idle_timeout, 2 * renew_every + 3) s means
+the same. Once started, the cluster stops when the lease did not change for idle_timeout s
+(this node's clock).
 
 and this program writes:
 
     events.jsonl     one JSON object per line, appended: phase, nodes, ready, error, ...
-    head.json        the head's address and ports, for the workers (atomic)
-    connection.json  what a client needs to connect, once every node joined (atomic, 0600)
+    head.json        the head's address and ports, for the workers (atomic): the GCS once
+                     its listener is verified as this job's Ray, the dashboard once its is
+    connection.json  what a client needs to connect, once the head answers (atomic, 0600),
+                     with "verified": {"uid", "listeners": {name: port}}, the listeners
+                     verified as this job's Ray; clients refuse one without it
+    ray_token        renewed (0600, atomically) whenever the head gives up a port block
+
+The token goes only to a listener verified as a socket of this node's Ray session
+(/proc/net/tcp{,6} inode among the session's /proc/<pid>/fd): the head's dashboard is asked
+only then. Ray's GCS and agents take kernel-assigned ports; the block (port_strategy random,
+fixed or hash_jobid) holds node_manager, object_manager, client, dashboard, autoscaler_metrics,
+dashboard_metrics, then the worker ports. A listener of another uid on a port of the block
+before the head is ready loses the block: ports_retry, a new token, another block.
     logs/ray-head-<host>.log, logs/ray-worker-<host>.log, logs/srun-workers.log
 
 Every event line has t (time.time()), event, host and role (head|worker); then:
 
     phase                phase=bootstrap|ports|head_starting|workers_starting|head_up|
                          waiting_for_nodes|ready|stopping|stopped, with its details
-    owner_gone           reason, lease_age (s or null): the owner's lease was stale before
+    owner_gone           reason, lease_age (s or null), lease_file_age (s by the filesystem's
+                         clock, or null), waited (s): the owner's lease was stale before
                          anything started; the job ends (exit 0) without starting Ray
     port_lock_unavailable  reason: the node's port lock or claim files could not be used
                          (not a plain file, held too long, no lock dir); ports are still
                          probed by binding, the start goes on
-    ports_retry          ports, port_names, reason, attempt, attempts, log: a port of the
-                         node's block was taken after the probe; Ray starts again on another
+    ports_retry          ports, port_names, reason, attempt, attempts, by_uids, new_token,
+                         log: a port of the node's block was taken after the probe (Ray's
+                         logs said so, or a listener of by_uids appeared there); Ray starts
+                         again on another block, the head's with a new token
     nodes                joined, wanted, hosts: the set of alive nodes changed
     node_lost            hosts, reason, joined, wanted, log: nodes left after ready
     worker_starting / worker_joined / worker_retry / worker_stopped   (role worker)
@@ -74,8 +91,11 @@ user's choice), else in /tmp/jupyter-slurm-ray-ports if root provides it (owned 
 sticky), else in the private /tmp/jsr-<uid>/ports; only believable claims are honoured.
 
 Only the standard library is used; Ray is driven through its ``ray`` command, since the
-cluster's Python may not have the ray package. ``ray stop`` is never used (it kills every Ray
-process of the user on the node): each node stops its own process session and nothing else.
+cluster's Python may not have the ray package. ``sitepath/`` goes first on the PYTHONPATH of
+Ray's processes: it defers a costly import, and makes Ray Client's proxier connect to a
+client's own server only once every listener on its port is that server's (jsr_clientguard).
+``ray stop`` is never used (it kills every Ray process of the user on the node): each node
+stops its own process session and nothing else.
 """
 
 

@@ -1,4 +1,11 @@
-"""The batch step on the first node: head, worker step, readiness, connection.json, supervision."""
+"""The batch step on the first node: head, worker step, readiness, connection.json, supervision.
+
+The cluster token goes only to listeners verified as this job's own Ray (``listeners.py``):
+``head.json`` names the GCS once its listener is verified (and the dashboard once its is),
+the dashboard is asked only while its verified listener answers there, and
+``connection.json`` records the listeners verified. A listener of someone else on a port of
+the block loses the block: Ray starts again on another, with a new token.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +17,22 @@ import time
 from pathlib import Path
 
 from container import container_versions
-from dashapi import Dashboard, port_open
-from jsr_base import BootstrapError, PortConflict, job_id, run_text, write_json_atomic
+from dashapi import Dashboard
+from jsr_base import (
+    BootstrapError,
+    PortConflict,
+    job_id,
+    renew_token,
+    run_text,
+    write_json_atomic,
+)
 from jsr_events import EventTail, LeaseWatch, owner_gone
+from listeners import OwnListeners
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
 from nodewatch import NodeWatch
-from rayargs import ray_environment, ray_versions, require_command
+from portblock import port_name
+from rayargs import gcs_port, ray_environment, ray_versions, require_command
 from slurmenv import own_job_environment
 from workerstep import WorkerStep
 
@@ -38,18 +54,21 @@ class HeadRun(NodeRun):
         self.lease = LeaseWatch(job_dir, 0.0)
         self.worker_step_reported = False
         self.worker_jobs: set[str] = set()  # extra worker jobs that wrote events
+        self.own: OwnListeners | None = None  # this attempt's listeners, as verified
+        self.dashboard: Dashboard | None = None
+        self.gcs: int | None = None  # the GCS's port (kernel-assigned), once verified
+        self.head_json: dict[str, object] = {}
+        self.clients_told = False  # connection.json written for this attempt (head_ready)
 
     def main(self) -> str:
         self.events.phase("bootstrap", job_id=job_id(), pid=os.getpid(), python=sys.executable)
         config = self.load_config()
-        for stale in ("connection.json", "head.json"):
-            with contextlib.suppress(OSError):
-                (self.job_dir / stale).unlink()
         idle_timeout = float(config.idle_timeout)
         gone = owner_gone(self.job_dir, idle_timeout, lambda: self.flags.stop is not None)
         if gone:
             self.events.emit("owner_gone", **gone)
             return "owner_gone"
+        self.forget_head()
         if self.flags.stop:
             return f"signal {self.flags.stop}"
         self.nodes.wanted = self.wanted
@@ -67,29 +86,50 @@ class HeadRun(NodeRun):
         self.start_head(ray, toward)
         versions = self.probe_versions(ray)
         while True:
-            assert self.plan is not None
-            dashboard = Dashboard(self.plan.ip, self.plan.block.ports["dashboard"], self.token())
             try:
-                stop = self.wait_until_ready(dashboard, versions)
+                stop = self.wait_until_ready(versions)
                 break
             except PortConflict as conflict:
-                with contextlib.suppress(OSError):  # the workers wait for the new one
-                    (self.job_dir / "head.json").unlink()
-                self.give_up_ports(conflict)
-                self.start_head(ray, toward)
+                self.move_head(conflict, ray, toward)
         if stop:
             return stop
         self.write_connection(versions)
         self.announce_ready()
-        return self.supervise(dashboard)
+        return self.supervise()
+
+    def move_head(self, conflict: PortConflict, ray: str, toward: str | None) -> None:
+        """A port of the block was lost: Ray again on another block (BootstrapError when none
+        is left, or when clients were told of the listener someone else now holds)."""
+        if self.clients_told and conflict.by_uids:
+            raise stopped_for_clients(conflict)
+        self.forget_head()  # the workers wait for the new head.json
+        # Before clients were told (head_ready), the old token may have gone only to this
+        # block: a new one costs nothing. After, clients hold it and nothing of ours sent it
+        # to a port that was not verified: it is kept.
+        renew = not self.clients_told
+        if renew:
+            renew_token(self.job_dir / "ray_token")
+        self.give_up_ports(conflict, new_token=renew)
+        self.start_head(ray, toward)
+
+    def forget_head(self) -> None:
+        """No head.json nor connection.json: nothing names a head that is not verified."""
+        self.head_json = {}
+        for stale in ("connection.json", "head.json"):
+            with contextlib.suppress(OSError):
+                (self.job_dir / stale).unlink()
 
     def start_head(self, ray: str, toward: str | None) -> None:
-        """Claim ports, tell the workers where the head is, and start `ray start --head`."""
+        """Claim ports and start `ray start --head`; head.json waits for verified listeners."""
         assert self.config is not None
         plan = self.plan_node(toward)
         self.events.phase("ports", ports=plan.block.ports)
         self.nodes.hosts[plan.ip] = plan.host
-        self.write_head_json()
+        names = {port: port_name(port - plan.block.start) for port in plan.block.ports_range}
+        self.own = OwnListeners(self.session_pids, plan.block.ports_range, names)
+        self.dashboard = Dashboard(plan.ip, plan.block.ports["dashboard"], self.token())
+        self.gcs = None
+        self.clients_told = False
         self.events.phase("head_starting", head_ip=plan.ip, temp_dir=str(plan.temp_dir))
         self.start_ray(plan.head_argv(ray, self.config), f"ray-head-{plan.host}.log")
 
@@ -111,11 +151,45 @@ class HeadRun(NodeRun):
         return int(self.config.nodes)
 
     def write_head_json(self) -> None:
-        assert self.plan is not None and self.config is not None
-        ports, plan = self.plan.block.ports, self.plan
-        head = {"cluster_id": self.config.cluster_id, "job_id": job_id(), "head_host": plan.host}
-        head.update(head_ip=plan.ip, gcs_port=ports["gcs"], dashboard_port=ports["dashboard"])
-        write_json_atomic(self.job_dir / "head.json", head)
+        """head.json for the workers: the GCS once verified (they start Ray toward it), the
+        dashboard once verified (they ask it whether they joined)."""
+        assert self.plan is not None and self.config is not None and self.own is not None
+        plan, verified = self.plan, self.own.ports()
+        head: dict[str, object] = {"cluster_id": self.config.cluster_id, "job_id": job_id()}
+        head.update(head_host=plan.host, head_ip=plan.ip, gcs_port=verified["gcs"])
+        if "dashboard" in verified:
+            head["dashboard_port"] = verified["dashboard"]
+        head["verified"] = sorted(verified)
+        if head != self.head_json:
+            write_json_atomic(self.job_dir / "head.json", head)
+            self.head_json = head
+
+    # ----- whose listeners answer on the head's ports
+
+    def check_listeners(self) -> None:
+        """Until clients are told: PortConflict if someone else listens on a port of the block.
+        The GCS's port (which Ray announces once bound) and the dashboard's verified and told
+        in head.json. (Once clients are told, only the verified listeners matter: nothing of
+        ours sends the token to another port of the block.)"""
+        assert self.own is not None and self.plan is not None
+        self.own.scan()
+        if not self.clients_told:
+            self.own.check_block()
+        if self.gcs is None:
+            port = gcs_port(self.plan.temp_dir)
+            if port is None or not self.own.verify("gcs", port):
+                return
+            self.gcs = port
+        self.own.verify("dashboard", self.plan.block.ports["dashboard"])
+        self.write_head_json()
+
+    def alive_nodes(self) -> list[str] | None:
+        """The dashboard's alive nodes, asked (with the token) only while the listener on its
+        port is the one verified as ours; None while it is not there yet."""
+        assert self.own is not None and self.plan is not None and self.dashboard is not None
+        if self.gcs is None or not self.own.verify("dashboard", self.plan.block.ports["dashboard"]):
+            return None
+        return self.dashboard.alive_nodes()
 
     # ----- checks shared by the start and the supervision loops
 
@@ -169,17 +243,19 @@ class HeadRun(NodeRun):
 
     # ----- start
 
-    def wait_until_ready(self, dashboard: Dashboard, versions: Versions) -> str | None:
+    def wait_until_ready(self, versions: Versions) -> str | None:
         """Poll until every node is alive; returns a stop reason if asked to stop meanwhile.
 
-        As soon as the head answers (dashboard and Ray Client port), connection.json is
-        written and ``head_ready`` told: clients connect while the workers still join.
+        As soon as the head answers (dashboard and Ray Client port, both verified ours),
+        connection.json is written and ``head_ready`` told: clients connect while the
+        workers still join.
         """
-        assert self.plan is not None
+        assert self.plan is not None and self.own is not None
         head_up = head_ready = False
         while True:
             self.read_worker_events(ready=False)
             self.check_ports()
+            self.check_listeners()
             self.check_head_alive()
             self.check_worker_step_before_ready()
             stop = self.stop_requested()
@@ -187,19 +263,20 @@ class HeadRun(NodeRun):
                 return stop
             if time.monotonic() > self.deadline:
                 raise self.start_timeout_error(head_up)
-            alive = dashboard.alive_nodes()
+            alive = self.alive_nodes()
             if alive is not None:
                 if not head_up:
                     head_up = True
                     self.events.phase("head_up", dashboard_port=self.plan.block.ports["dashboard"])
                     self.events.phase("waiting_for_nodes", joined=len(alive), wanted=self.wanted)
                 self.nodes.note(alive)
-                client_open = port_open(self.plan.ip, self.plan.block.ports["client"])
-                if client_open and not head_ready:
-                    head_ready = True
+                client_ours = self.own.verify("client", self.plan.block.ports["client"])
+                if client_ours and not head_ready:
+                    head_ready = self.clients_told = True
                     self.write_connection(versions)
+                    self.plan.block.publish()  # Ray bound its ports: the claim may be seen
                     self.events.emit("head_ready", joined=len(alive), wanted=self.wanted)
-                if len(alive) >= self.wanted and client_open:
+                if len(alive) >= self.wanted and client_ours:
                     return None
             time.sleep(API_PERIOD)
 
@@ -217,6 +294,9 @@ class HeadRun(NodeRun):
     def start_timeout_error(self, head_up: bool) -> BootstrapError:
         assert self.config is not None and self.ray is not None and self.plan is not None
         timeout = self.config.start_timeout
+        if self.gcs is None:
+            reason = f"Ray's GCS did not start within start_timeout ({timeout} s)"
+            return BootstrapError(reason, self.ray.tail())
         if not head_up:
             dash = f"http://{self.plan.ip}:{self.plan.block.ports['dashboard']}"
             reason = (
@@ -231,19 +311,21 @@ class HeadRun(NodeRun):
         return BootstrapError(reason, self.worker_step.log_lines())
 
     def write_connection(self, versions: Versions) -> None:
-        """connection.json: what a client needs to connect, with the nodes joined so far."""
-        assert self.plan is not None and self.config is not None
-        ports = self.plan.block.ports
+        """connection.json: what a client needs to connect, with the nodes joined so far, and
+        the listeners verified as this job's Ray (clients talk to no other address)."""
+        assert self.plan is not None and self.config is not None and self.own is not None
+        ports = {**self.plan.block.ports, "gcs": self.gcs}
         nodes = [{"host": self.nodes.host(ip), "ip": ip} for ip in self.nodes.joined]
         connection = {
             "cluster_id": self.config.cluster_id,
             "job_id": job_id(),
             "head_host": self.plan.host,
             "head_ip": self.plan.ip,
-            "gcs_address": f"{self.plan.ip}:{ports['gcs']}",
+            "gcs_address": f"{self.plan.ip}:{self.gcs}",
             "client_port": ports["client"],
             "dashboard_port": ports["dashboard"],
             "ports": ports,
+            "verified": {"uid": os.getuid(), "listeners": self.own.ports()},
             "ray_version": versions[0],
             "python_version": versions[1],
             "import_ray_seconds": versions[2],
@@ -257,13 +339,13 @@ class HeadRun(NodeRun):
     def announce_ready(self) -> None:
         assert self.plan is not None
         joined, elapsed = len(self.nodes.joined), round(time.monotonic() - self.started, 2)
-        gcs = f"{self.plan.ip}:{self.plan.block.ports['gcs']}"
+        gcs = f"{self.plan.ip}:{self.gcs}"
         self.events.phase("ready", joined=joined, wanted=self.wanted)
         self.events.emit("ready", gcs_address=gcs, node_count=joined, elapsed=elapsed)
 
     # ----- supervision
 
-    def supervise(self, dashboard: Dashboard) -> str:
+    def supervise(self) -> str:
         next_poll = time.monotonic() + WATCH_PERIOD
         while True:
             stop = self.stop_requested()
@@ -274,10 +356,24 @@ class HeadRun(NodeRun):
             self.check_worker_step_after_ready()
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + WATCH_PERIOD
-                alive = dashboard.alive_nodes()
+                self.check_still_ours()
+                alive = self.alive_nodes()
                 if alive is not None:
                     self.nodes.check_lost(alive)
             time.sleep(TICK)
+
+    def check_still_ours(self) -> None:
+        """Once ready: the listeners clients were told about are still this job's Ray's;
+        otherwise the cluster stops, so that no client sends its token to another's."""
+        assert self.own is not None
+        self.own.scan()
+        for name, port in self.own.ports().items():
+            try:
+                ours = self.own.verify(name, port)
+            except PortConflict as taken:
+                raise stopped_for_clients(taken) from None
+            if not ours:
+                self.check_head_alive()  # its process died: Ray's own words say why
 
     def check_worker_step_after_ready(self) -> None:
         assert self.plan is not None
@@ -302,3 +398,9 @@ class HeadRun(NodeRun):
         self.cancel_worker_jobs()
         self.events.phase("stopped", reason=reason)
         self.events.emit("stopped", reason=reason, exit_code=code, killed=len(self.killed))
+
+
+def stopped_for_clients(taken: PortConflict) -> BootstrapError:
+    """Someone else listens where clients were told the head is: the cluster ends."""
+    why = "the cluster stops so that no client sends its token there"
+    return BootstrapError(f"{taken.reason}; {why}", taken.log)

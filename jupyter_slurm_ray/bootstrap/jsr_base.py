@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -30,13 +31,37 @@ class RayExitedEarly(BootstrapError):
 
 
 class PortConflict(BootstrapError):
-    """A port of this node's block was taken by someone else after the probe."""
+    """A port of this node's block was taken by someone else after the probe.
 
-    def __init__(self, ports: list[int], names: list[str], what: str, log: list[str]) -> None:
-        which = ", ".join(f"{port} ({name})" for port, name in zip(ports, names, strict=True))
+    by_uids: the owners of the listeners found there (empty when Ray's logs told)."""
+
+    def __init__(
+        self,
+        ports: list[int],
+        names: list[str],
+        what: str,
+        log: list[str],
+        by_uids: list[int] | None = None,
+    ) -> None:
+        which = port_list(ports, names)
         super().__init__(f"port {which or '?'} was taken after the probe ({what})", log)
         self.ports = ports
         self.names = names
+        self.by_uids = by_uids or []
+
+
+def port_list(ports: list[int], names: list[str]) -> str:
+    """``21003 (dashboard), 21006-21015 (worker)``: runs of one name told as a range."""
+    runs: list[list[int | str]] = []
+    for port, name in zip(ports, names, strict=True):
+        if runs and runs[-1][2] == name and runs[-1][1] == port - 1:
+            runs[-1][1] = port
+        else:
+            runs.append([port, port, name])
+    return ", ".join(
+        f"{first} ({name})" if first == last else f"{first}-{last} ({name})"
+        for first, last, name in runs
+    )
 
 
 class HeadMoved(Exception):
@@ -81,9 +106,9 @@ class Config:
             if raw.get(item.name) is not None:
                 setattr(config, item.name, raw[item.name])
         config.port_range = (int(config.port_range[0]), int(config.port_range[1]))
-        if config.port_strategy not in ("random", "fixed"):
+        if config.port_strategy not in ("random", "fixed", "hash_jobid"):
             raise BootstrapError(
-                f"port_strategy must be random or fixed, not {config.port_strategy!r}"
+                f"port_strategy must be random, fixed or hash_jobid, not {config.port_strategy!r}"
             )
         if config.port_strategy == "fixed" and config.fixed_port_base is None:
             raise BootstrapError("port_strategy fixed needs fixed_port_base")
@@ -120,6 +145,19 @@ def tail(path: Path, lines: int = LOG_LINES) -> list[str]:
         return []
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours its output even into files
     return [f"{path.name}: {line}" for line in text.splitlines()[-lines:] if line.strip()]
+
+
+def renew_token(path: Path) -> None:
+    """A new cluster token in place of the old (0600, written whole, then renamed): the old
+    one may have been sent to a listener that was not ours. Ray reads the file when each of
+    its processes starts, so everything started afterwards uses the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(32) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600) -> None:

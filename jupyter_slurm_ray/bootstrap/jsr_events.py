@@ -4,6 +4,10 @@ The owner (a notebook kernel) rewrites ``lease`` every renew_every s with one JS
 ``{"pid", "host", "seq", "t" (its time.time()), "renew_every"}``; older owners write
 ``"PID COUNTER"``. Only a change of content, seen on this node's own clock, proves the owner
 alive; ``t`` lets a job that waited in the queue see at once that its owner left long ago.
+Three clocks are involved (the owner's, this node's, the job dir's filesystem's), any two of
+which may disagree: a lease is judged gone at once only when the owner's ``t`` and the lease
+file's modification time (stamped by the filesystem, compared with a file this node writes
+there now, so by the filesystem's clock alone) both say it is older than idle_timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from jsr_base import short_hostname
 
 LEASE_PERIOD = 1.0
+MAX_LEASE = 64 * 1024  # bytes of the lease file read
 
 
 class EventLog:
@@ -102,25 +107,50 @@ class LeaseWatch:
 
 @dataclass
 class Lease:
-    """What the lease file says: when the owner last renewed it (its clock) and how often."""
+    """What the lease file says: when the owner last renewed it (its clock) and how often;
+    and when the file was written (the filesystem's clock)."""
 
     content: bytes | None
     t: float | None = None
     renew_every: float | None = None
+    mtime: float | None = None
 
     @classmethod
     def read(cls, path: Path) -> Lease:
         try:
-            content = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                mtime = os.fstat(fd).st_mtime  # after open: fresh even on NFS (close-to-open)
+                content = handle.read(MAX_LEASE)
         except OSError:
             return cls(None)
         try:
             data = json.loads(content)
         except ValueError:
-            return cls(content)  # "PID COUNTER": the old format, no time in it
+            return cls(content, mtime=mtime)  # "PID COUNTER": the old format, no time in it
         if not isinstance(data, dict):
-            return cls(content)
-        return cls(content, number(data.get("t")), number(data.get("renew_every")))
+            return cls(content, mtime=mtime)
+        return cls(content, number(data.get("t")), number(data.get("renew_every")), mtime)
+
+
+def filesystem_now(directory: Path) -> float | None:
+    """The clock of the filesystem holding ``directory``, now: the modification time of a file
+    written there just now (on NFS the server stamps it, as it stamped the lease)."""
+    path = directory / f".clock-{os.getpid()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        os.write(fd, b"t")
+        os.fsync(fd)
+        return os.fstat(fd).st_mtime
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def number(value: object) -> float | None:
@@ -141,9 +171,11 @@ def owner_gone(
 ) -> dict[str, Any] | None:
     """Before anything starts: the owner_gone event's fields if the owner left, else None.
 
-    Fresh when the lease was renewed within idle_timeout (owner's clock). Otherwise wait up
-    to min(idle_timeout, 2 * renew_every + 3) s for its content to change (this node's
-    clock). Returns None at once when detached, without a timeout, or when `stopped()`.
+    Fresh when the lease was renewed within idle_timeout (owner's clock). Gone at once when
+    the lease file was also last written more than idle_timeout ago by the filesystem's
+    clock. Otherwise (the clocks disagree, or the lease has no time) wait up to
+    min(idle_timeout, 2 * renew_every + 3) s for its content to change (this node's clock).
+    Returns None at once when detached, without a timeout, or when `stopped()`.
     """
     if idle_timeout <= 0 or (job_dir / "detached").exists():
         return None
@@ -152,6 +184,9 @@ def owner_gone(
     age = time.time() - lease.t if lease.t is not None else None
     if age is not None and age <= idle_timeout:
         return None
+    written = file_age(job_dir, lease)
+    if age is not None and written is not None and written > idle_timeout:
+        return gone_fields(f"was last renewed {duration(age)} ago", idle_timeout, age, written)
     renew_every = lease.renew_every or min(10.0, idle_timeout / 4)
     wait = min(idle_timeout, 2 * renew_every + 3)
     deadline = time.monotonic() + wait
@@ -167,8 +202,25 @@ def owner_gone(
         last = f"is missing and did not appear within {wait:.0f} s"
     else:
         last = f"has no renewal time and did not change within {wait:.0f} s"
+    return gone_fields(last, idle_timeout, age, written, waited=wait)
+
+
+def file_age(job_dir: Path, lease: Lease) -> float | None:
+    """Seconds since the lease file was written, by the filesystem's own clock."""
+    now = filesystem_now(job_dir) if lease.mtime is not None else None
+    return None if now is None or lease.mtime is None else now - lease.mtime
+
+
+def gone_fields(
+    last: str, idle_timeout: float, age: float | None, written: float | None, waited: float = 0
+) -> dict[str, Any]:
     reason = (
         f"the owner's lease {last} (idle_timeout {idle_timeout:g} s): "
         "the owner is gone, Ray was not started"
     )
-    return {"reason": reason, "lease_age": None if age is None else round(age, 1)}
+    return {
+        "reason": reason,
+        "lease_age": None if age is None else round(age, 1),
+        "lease_file_age": None if written is None else round(written, 1),
+        "waited": round(waited, 1),
+    }

@@ -13,7 +13,7 @@ from container import ray_command_prefix
 from jsr_base import BootstrapError, Config, PortConflict
 from jsr_events import EventLog
 from portconflict import ConflictScan
-from procgroups import RayProcess, stop_processes
+from procgroups import RayProcess, session_processes, stop_processes
 from rayargs import NodePlan, plan_node, ray_environment, require_command
 from trust import check_job_dir
 from unpack import activate_pack
@@ -128,8 +128,16 @@ class NodeRun:
         if conflict:
             raise conflict
 
-    def give_up_ports(self, conflict: PortConflict) -> None:
-        """Stop this node's Ray and leave its port block; BootstrapError if no block is left."""
+    def session_pids(self) -> set[int]:
+        """The processes of this node's Ray (its session, descendants, temp dir users)."""
+        if self.ray is None or self.plan is None:
+            return set()
+        return session_processes([self.ray.pid], [str(self.plan.temp_dir)])
+
+    def give_up_ports(self, conflict: PortConflict, new_token: bool = False) -> None:
+        """Stop this node's Ray and leave its port block; BootstrapError if no block is left.
+
+        new_token: the event says the cluster's token is renewed before the next attempt."""
         assert self.plan is not None and self.config is not None
         block = self.plan.block
         self.given_up.append((block.start, block.size))
@@ -149,6 +157,8 @@ class NodeRun:
             reason=conflict.reason,
             attempt=len(self.given_up) + 1,
             attempts=PORT_ATTEMPTS,
+            by_uids=conflict.by_uids,
+            new_token=new_token,
             log=conflict.log,
         )
         self.stop()

@@ -1,31 +1,58 @@
-"""Consecutive free port blocks for one node: probed by binding, recorded as claims."""
+"""Consecutive free port blocks for one node: probed by binding, recorded as claims.
+
+Three ways to choose a block (``port_strategy``): ``random`` (a random free block in
+port_range), ``fixed`` (fixed_port_base) and ``hash_jobid`` (the block derived from the job id,
+see ``derived_starts``: a site or a user can predict it; the next derived block when it is
+taken). Only ports that others must reach or that Ray would otherwise take at a fixed
+default are in a block (``PORT_NAMES``); Ray's GCS and agents take kernel-assigned ports
+(``rayargs.KERNEL_ASSIGNED``), which no one can take before Ray binds them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jsr_base import BootstrapError, short_hostname
-from portlock import LOCK_WAIT, Notify, live_claims, lock_dir_for, port_lock, write_claim
+from portlock import (
+    LOCK_WAIT,
+    MAX_BLOCK,
+    Notify,
+    live_claims,
+    lock_dir_for,
+    port_lock,
+    write_claim,
+)
 
 PORT_NAMES = (
-    "gcs",
     "node_manager",
     "object_manager",
     "client",
     "dashboard",
-    "dashboard_agent_listen",
-    "dashboard_agent_grpc",
-    "runtime_env_agent",
-    "metrics_export",
     "autoscaler_metrics",
     "dashboard_metrics",
 )
+STRATEGIES = ("random", "fixed", "hash_jobid")
+
+
+@dataclass
+class PendingClaim:
+    """The exact claim, held back: in a lock dir other users can read, a claim of a random
+    block would name its ports before Ray binds them. Until ``PortBlock.publish`` the claim
+    covers a wider window around the block (others keep clear of it, nobody learns the
+    block from it); fixed and hash_jobid blocks can be predicted anyway and are claimed
+    exactly at once."""
+
+    lock_dir: Path
+    job: str
+    notify: Notify
 
 
 @dataclass
@@ -35,6 +62,7 @@ class PortBlock:
     start: int
     size: int
     claim_file: Path | None = None
+    pending: PendingClaim | None = None
 
     @property
     def ports(self) -> dict[str, int]:
@@ -44,7 +72,24 @@ class PortBlock:
             named["max_worker"] = self.start + self.size - 1
         return named
 
+    @property
+    def ports_range(self) -> range:
+        return range(self.start, self.start + self.size)
+
+    def publish(self) -> None:
+        """Claim exactly the block, in place of the window (see PendingClaim)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            window = self.claim_file
+            self.claim_file = write_claim(
+                pending.lock_dir, self.start, self.size, pending.job, pending.notify
+            )
+            if window is not None:
+                with contextlib.suppress(OSError):
+                    window.unlink()
+
     def release(self) -> None:
+        self.pending = None
         if self.claim_file is not None:
             with contextlib.suppress(OSError):
                 self.claim_file.unlink()
@@ -95,6 +140,22 @@ def candidate_starts(
     ]
 
 
+def derived_starts(
+    job: str, size: int, port_range: tuple[int, int], taken: list[dict[str, Any]]
+) -> list[int]:
+    """hash_jobid: port_range cut into aligned slots of `size` ports from its low end; the
+    job's slot is int(sha256(job id), 16) mod the number of slots, then the next slots in
+    order (wrapping). Slots in the ephemeral range or in believed claims are left out."""
+    low, high = port_range
+    slots = (high - low + 1) // size
+    if slots <= 0:
+        return []
+    first = int(hashlib.sha256(job.encode()).hexdigest(), 16) % slots
+    usable = set(candidate_starts(port_range, size, taken))
+    ordered = [low + ((first + i) % slots) * size for i in range(slots)]
+    return [start for start in ordered if start in usable]
+
+
 def check_fixed_block(start: int, size: int, taken: list[dict[str, Any]]) -> None:
     """This user's claims and the bind probe decide (any user can write a claim file)."""
     for claim in taken:
@@ -113,6 +174,10 @@ def check_fixed_block(start: int, size: int, taken: list[dict[str, Any]]) -> Non
         )
 
 
+def first_free(starts: list[int], size: int, attempts: int) -> int | None:
+    return next((s for s in starts[:attempts] if first_busy_port(s, size) is None), None)
+
+
 def free_block_start(
     size: int,
     port_range: tuple[int, int],
@@ -125,13 +190,52 @@ def free_block_start(
     Their claims are believed first; when they leave no free block (a hostile user can
     write a claim as easily as a real one), only this user's claims and the probe decide.
     """
-    mine = [claim for claim in taken if claim["uid"] == os.getuid()]
-    for believed in (taken, mine) if len(mine) < len(taken) else (taken,):
+    for believed in believed_claims(taken):
         starts = candidate_starts(port_range, size, believed)
-        for start in rng.sample(starts, min(attempts, len(starts))):
-            if first_busy_port(start, size) is None:
-                return start
+        start = first_free(rng.sample(starts, min(attempts, len(starts))), size, attempts)
+        if start is not None:
+            return start
     return None
+
+
+def derived_block_start(
+    job: str, size: int, port_range: tuple[int, int], taken: list[dict[str, Any]], attempts: int
+) -> int | None:
+    """hash_jobid: the first derived block whose ports all bind (claims believed as above)."""
+    for believed in believed_claims(taken):
+        start = first_free(derived_starts(job, size, port_range, believed), size, attempts)
+        if start is not None:
+            return start
+    return None
+
+
+def believed_claims(taken: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Every claim first; then, if others' claims left nothing, this user's only."""
+    mine = [claim for claim in taken if claim["uid"] == os.getuid()]
+    return [taken, mine] if len(mine) < len(taken) else [taken]
+
+
+def claim_window(
+    start: int, size: int, port_range: tuple[int, int], rng: random.Random
+) -> tuple[int, int]:
+    """(start, size) of a window around the block, its position in it random, within
+    port_range: three blocks' worth of ports more (fewer when that would be implausible)."""
+    spare = min(3 * size, MAX_BLOCK - size)
+    before = rng.randint(0, spare)
+    low = max(port_range[0], start - before)
+    high = min(port_range[1], start + size - 1 + spare - before)
+    return low, high - low + 1
+
+
+def others_can_read(directory: Path | None) -> bool:
+    """A lock dir where another user could read claims (a site's shared one, a configured one)."""
+    if directory is None:
+        return False
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return True
+    return info.st_uid != os.getuid() or bool(stat.S_IMODE(info.st_mode) & 0o055)
 
 
 def claim_port_block(
@@ -153,8 +257,10 @@ def claim_port_block(
     lock_dir: the configured one, or None for automatic (see portlock.lock_dir_for).
     notify(reason) is told when the lock or the claims cannot be used (never fatal).
     avoid: (start, size) of blocks given up before, treated as claimed.
+    In a lock dir other users can read, the claim waits for ``PortBlock.publish``.
     """
     say = notify or (lambda _reason: None)
+    rng = rng or random.Random()
     directory = lock_dir_for(lock_dir, say)
     with port_lock(directory, say, lock_wait):
         taken = live_claims(directory)
@@ -163,12 +269,19 @@ def claim_port_block(
             assert fixed_base is not None
             check_fixed_block(fixed_base, size, taken)
             start: int | None = fixed_base
+        elif strategy == "hash_jobid":
+            start = derived_block_start(job, size, port_range, taken, attempts)
         else:
-            start = free_block_start(size, port_range, taken, attempts, rng or random.Random())
+            start = free_block_start(size, port_range, taken, attempts, rng)
+        if start is not None and strategy == "random" and others_can_read(directory):
+            low, wide = claim_window(start, size, port_range, rng)
+            window = write_claim(directory, low, wide, job, say)
+            return PortBlock(start, size, window, PendingClaim(directory, job, say))
         if start is not None:
             return PortBlock(start, size, write_claim(directory, start, size, job, say))
     low, high = port_range
+    which = "derived block" if strategy == "hash_jobid" else "free block"
     raise BootstrapError(
-        f"no free block of {size} consecutive ports in {low}-{high} on {short_hostname()} "
+        f"no {which} of {size} consecutive ports in {low}-{high} on {short_hostname()} "
         f"(outside the ephemeral range {ephemeral_port_range()}, after {attempts} attempts)"
     )

@@ -1,13 +1,15 @@
 """Recognises a `ray start` whose port was taken meanwhile, from what Ray 2.60 logs.
 
 Measured with one port of the block held by another process (node address, no SO_REUSEPORT):
-gcs / node_manager / object_manager / dashboard_agent_grpc / metrics_export: a component
-logs "Failed to start the grpc server. The specified port is N" or "Address already in use"
-within a second, but `ray start` itself exits only ~40 s later; client and dashboard:
-"Failed to bind to H:N" and `ray start` exits in 3-5 s; dashboard_agent_listen,
-runtime_env_agent, autoscaler_metrics and dashboard_metrics: "[Errno 98] Address already
-in use" in that component's log while `ray start` keeps running without it. So the session's
-logs are read while the node starts, not only `ray start`'s exit.
+node_manager / object_manager: the raylet logs "Failed to start the grpc server. The
+specified port is N" within a second, but `ray start` itself exits only ~40 s later; client
+and dashboard: "Failed to bind to H:N" and `ray start` exits in 3-5 s; autoscaler_metrics and
+dashboard_metrics: "[Errno 98] Address already in use" in that component's log while `ray
+start` keeps running without it. So the session's logs are read while the node starts, not
+only `ray start`'s exit. (A port bound without listening shows in no /proc/net/tcp table:
+only the logs tell; a listener of another user is seen by ``listeners.py`` first.) The GCS and
+the agents take kernel-assigned ports: a line of theirs that names no port of the block is
+not about the block.
 """
 
 from __future__ import annotations
@@ -27,10 +29,8 @@ READABLE = re.compile(r"port is \d+|failed to bind to|already occupied|errno 98\
 PORT_MENTIONS = re.compile(r"port is (\d+)|port (\d+)|:(\d+)\b|', (\d+)\)")
 # the component log that names no port: which port of the block it failed on (Ray 2.60)
 COMPONENT_PORT = {
-    "runtime_env_agent": "runtime_env_agent",
     "monitor": "autoscaler_metrics",
     "dashboard": "dashboard_metrics",
-    "dashboard_agent": "metrics_export",
 }
 READ_LIMIT = 256 * 1024
 SAID = 110  # characters of the log line quoted in the reason
@@ -54,7 +54,12 @@ class ConflictScan:
     def check(self) -> PortConflict | None:
         """The first conflict in what the logs gained (a line naming the port preferred)."""
         for path in self.files():
-            lines = [line.strip() for line in self.new_lines(path) if CONFLICT.search(line)]
+            named = path == self.ray_log or path.name.rsplit(".", 1)[0] in COMPONENT_PORT
+            lines = [
+                line.strip()
+                for line in self.new_lines(path)
+                if CONFLICT.search(line) and (named or self.ports_in(line))
+            ]
             if lines:
                 lines.sort(key=lambda line: (not READABLE.search(line), not self.ports_in(line)))
                 return self.conflict(path, lines[0])

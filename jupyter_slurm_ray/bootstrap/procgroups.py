@@ -76,8 +76,9 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def processes_to_stop(roots: Iterable[int], markers: Iterable[str]) -> set[int]:
-    """The sessions led by roots, their descendants, and processes naming a marker path."""
+def session_processes(roots: Iterable[int], markers: Iterable[str]) -> set[int]:
+    """This user's processes of the sessions led by roots, their descendants, and those naming
+    a marker path (Ray's temp dir): one node's Ray, to stop, or whose sockets are ours."""
     table = own_processes()
     root_set = set(roots)
     chosen = {pid for pid, (_ppid, sid) in table.items() if sid in root_set}
@@ -103,12 +104,12 @@ def stop_processes(roots: list[int], markers: list[str], deadline: float) -> lis
 
     Returns the command lines of the processes that needed SIGKILL.
     """
-    signal_all(processes_to_stop(roots, markers), signal.SIGTERM)
+    signal_all(session_processes(roots, markers), signal.SIGTERM)
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        if not processes_to_stop(roots, markers):
+        if not session_processes(roots, markers):
             return []
-    left = processes_to_stop(roots, markers)
+    left = session_processes(roots, markers)
     names = [cmdline(pid)[:120] for pid in left]
     signal_all(left, signal.SIGKILL)
     return names

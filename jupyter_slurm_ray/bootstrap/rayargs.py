@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,20 @@ from trust import user_temp_dir
 
 MAX_TEMP_DIR = 43  # Ray's unix socket paths below it must stay within 107 bytes
 MIB = 1024 * 1024
+# Ports Ray 2.60 binds itself when given 0 (the kernel assigns a free one at bind time) and
+# then announces (port files in the session dir, the GCS's node table): nobody can bind them
+# first. Ray's own processes connect to these with the token as soon as they start, to the
+# configured port, before anyone could check whose listener answers there (measured: the GCS
+# sends a HealthCheck to the metrics agent's port, with the token, within 30 ms of its start);
+# with a pinned port, another user who binds it first receives the token. The GCS is one of
+# them: `ray start`, the raylet and every worker connect to it, and its port is on `ray
+# start`'s command line (readable by every user) seconds before the GCS binds it.
+KERNEL_ASSIGNED = (
+    "--dashboard-agent-listen-port=0",
+    "--dashboard-agent-grpc-port=0",
+    "--runtime-env-agent-port=0",
+    "--metrics-export-port=0",
+)
 
 
 def require_command(name: str, why: str) -> str:
@@ -98,10 +113,7 @@ class NodePlan:
             "--disable-usage-stats",
             f"--node-manager-port={ports['node_manager']}",
             f"--object-manager-port={ports['object_manager']}",
-            f"--dashboard-agent-listen-port={ports['dashboard_agent_listen']}",
-            f"--dashboard-agent-grpc-port={ports['dashboard_agent_grpc']}",
-            f"--runtime-env-agent-port={ports['runtime_env_agent']}",
-            f"--metrics-export-port={ports['metrics_export']}",
+            *KERNEL_ASSIGNED,
         ]
         if "min_worker" in ports:
             args += [f"--min-worker-port={ports['min_worker']}"]
@@ -112,7 +124,7 @@ class NodePlan:
         ports = self.block.ports
         return [
             ray, "start", "--head", "--block",
-            f"--port={ports['gcs']}",
+            "--port=0",  # the GCS: kernel-assigned (KERNEL_ASSIGNED), found by gcs_port()
             f"--ray-client-server-port={ports['client']}",
             "--include-dashboard=true",
             f"--dashboard-host={self.ip}",
@@ -126,6 +138,17 @@ class NodePlan:
             ray, "start", f"--address={head_address}", "--block",
             *self.common_args(config), *config.ray_start_args,
         ]  # fmt: skip
+
+
+def gcs_port(temp_dir: Path) -> int | None:
+    """The head's GCS port as Ray announces it once bound (``--port=0``): the port file
+    ``gcs_server_port_<node id>`` of the newest session under the node's temp dir."""
+    for path in (temp_dir / "session_latest").glob("gcs_server_port_*"):
+        with contextlib.suppress(OSError, ValueError):
+            port = int(path.read_text().strip())
+            if 0 < port < 65536:
+                return port
+    return None
 
 
 def node_resources() -> dict[str, int]:

@@ -16,7 +16,6 @@ import subprocess
 import time
 from typing import Any
 
-from dashapi import Dashboard
 from jsr_base import gcs_address, job_id
 from jsr_events import LeaseWatch, owner_gone
 from noderun import TICK
@@ -107,8 +106,8 @@ class WorkerJobRun(WorkerRun):
         except OSError:
             timeout = DEFAULT_DRAIN_TIMEOUT
         self.leaving("scaled in: draining")
-        dashboard = Dashboard(head["head_ip"], int(head["dashboard_port"]), self.token())
-        node_id = dashboard.alive_node_id(self.plan.ip)
+        dashboard = self.head_dashboard(head)
+        node_id = dashboard.alive_node_id(self.plan.ip) if dashboard else None
         accepted = node_id is not None and self.request_drain(node_id, head, timeout)
         self.events.emit(
             "worker_draining", ip=self.plan.ip, node_id=node_id, accepted=accepted, timeout=timeout
@@ -120,7 +119,7 @@ class WorkerJobRun(WorkerRun):
                 return "drain timeout: stopped"
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + CHECK_PERIOD
-                if node_id is not None and dashboard.node_gone(node_id):
+                if dashboard is not None and node_id is not None and dashboard.node_gone(node_id):
                     break  # its raylet exited once idle
             time.sleep(TICK)
         return "drained: scaled in"

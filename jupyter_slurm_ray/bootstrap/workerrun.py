@@ -1,4 +1,9 @@
-"""One task of the worker step: join the head from this node, follow it if it moves, stop."""
+"""One task of the worker step: join the head from this node, follow it if it moves, stop.
+
+The head writes ``head.json`` only once it verified the GCS's listener as its own Ray's, and
+names the dashboard there only once it verified that one too: a worker starts Ray toward that
+GCS and asks that dashboard (with the token) whether it joined, and nothing else.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ class WorkerRun(NodeRun):
         self.load_config()
         ray = self.find_ray()
         head = self.read_head_json()
+        if head is None:
+            return self.stop_reason()
         self.plan_node(head["head_ip"])
         retried_early = False
         while True:
@@ -60,10 +67,10 @@ class WorkerRun(NodeRun):
             return self.stop_reason()
         argv = self.plan.worker_argv(ray, self.config, address)
         process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
-        dashboard = Dashboard(head["head_ip"], int(head["dashboard_port"]), self.token())
-        stop = self.wait_until_joined(process, dashboard, head)
+        stop = self.wait_until_joined(process, head)
         if stop:
             return stop
+        self.plan.block.publish()  # Ray bound its ports: the claim may be seen
         self.events.emit("worker_joined", ip=self.plan.ip, head=address)
         next_check = time.monotonic() + HEAD_CHECK
         while not self.flags.stop:
@@ -88,12 +95,27 @@ class WorkerRun(NodeRun):
         """Once joined: why this node leaves on its own (a worker job's checks), else None."""
         return None
 
+    def latest_head(self) -> dict[str, Any] | None:
+        """What head.json says now (None while it is missing or unreadable)."""
+        with contextlib.suppress(OSError, ValueError):
+            head = json.loads((self.job_dir / "head.json").read_text())
+            if isinstance(head, dict) and "head_ip" in head and "gcs_port" in head:
+                return head
+        return None
+
     def check_head_moved(self, head: dict[str, Any]) -> None:
         """HeadMoved if head.json now names another GCS address (a missing file is no move)."""
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            now = json.loads((self.job_dir / "head.json").read_text())
-            if gcs_address(now) != gcs_address(head):
-                raise HeadMoved(now)
+        now = self.latest_head()
+        if now is not None and gcs_address(now) != gcs_address(head):
+            raise HeadMoved(now)
+
+    def head_dashboard(self, head: dict[str, Any]) -> Dashboard | None:
+        """The head's dashboard once head.json names it (the head verified its listener as
+        its own Ray's); None before, or when head.json names another head."""
+        now = self.latest_head()
+        if now is None or gcs_address(now) != gcs_address(head) or "dashboard_port" not in now:
+            return None
+        return Dashboard(str(now["head_ip"]), int(now["dashboard_port"]), self.token())
 
     def wait_for_gcs(self, head: dict[str, Any]) -> bool:
         """Start Ray once the head's GCS listens: each failed join attempt costs ~5 s."""
@@ -109,17 +131,20 @@ class WorkerRun(NodeRun):
             time.sleep(0.2)
         return False
 
-    def read_head_json(self) -> dict[str, Any]:
+    def read_head_json(self) -> dict[str, Any] | None:
+        """head.json, waited for (the head writes it once its GCS listens and is verified);
+        None when asked to stop meanwhile."""
         path = self.job_dir / "head.json"
-        for _ in range(100):  # a shared filesystem may show the file a little late
-            with contextlib.suppress(OSError, ValueError):
-                return json.loads(path.read_text())
-            time.sleep(0.1)
-        raise BootstrapError(f"the head's address file {path} is missing")
+        while not self.flags.stop:
+            head = self.latest_head()
+            if head is not None:
+                return head
+            if time.monotonic() > self.deadline:
+                raise BootstrapError(f"the head's address file {path} did not appear in time")
+            time.sleep(0.2)
+        return None
 
-    def wait_until_joined(
-        self, process: RayProcess, dashboard: Dashboard, head: dict[str, Any]
-    ) -> str | None:
+    def wait_until_joined(self, process: RayProcess, head: dict[str, Any]) -> str | None:
         assert self.plan is not None
         address = gcs_address(head)
         while not self.flags.stop:
@@ -134,7 +159,8 @@ class WorkerRun(NodeRun):
                 reason = f"{self.plan.host} did not join the head at {address} within start_timeout"
                 raise BootstrapError(reason, process.tail())
             self.check_head_moved(head)
-            if self.plan.ip in (dashboard.alive_nodes() or []):
+            dashboard = self.head_dashboard(head)
+            if dashboard is not None and self.plan.ip in (dashboard.alive_nodes() or []):
                 return None
             time.sleep(API_PERIOD)
         return f"signal {self.flags.stop}"

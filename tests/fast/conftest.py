@@ -131,6 +131,8 @@ def write_connection(cluster: SlurmRayCluster, **overrides) -> None:
         node_count=1,
     )
     info.update(overrides)
+    listeners = {"client": info["client_port"], "dashboard": info["dashboard_port"]}
+    info.setdefault("verified", {"uid": os.getuid(), "listeners": listeners})  # the bootstrap's
     (Path(cluster.job_dir) / "connection.json").write_text(json.dumps(info))
 
 

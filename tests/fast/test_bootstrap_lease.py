@@ -3,6 +3,7 @@ change, and a job whose owner is already gone starts nothing. Pure: a tmp job di
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -71,3 +72,38 @@ def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path, monk
     assert jsr_events.owner_gone(tmp_path, 0, never) is None  # no idle_timeout
     (tmp_path / "detached").touch()
     assert jsr_events.owner_gone(tmp_path, 1.0, never) is None
+
+
+def age_file(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_lease_both_clocks_call_old_means_gone_at_once(tmp_path: Path, monkeypatch) -> None:
+    never = lambda: False  # noqa: E731
+    clock = VirtualClock()
+    monkeypatch.setattr(jsr_events, "time", clock.as_time_module())
+    write_lease(tmp_path, lease_json(time.time() - 3 * 3600 - 5, renew_every=10))
+    age_file(tmp_path / "lease", 3 * 3600)  # the filesystem stamped it three hours ago
+    gone = jsr_events.owner_gone(tmp_path, 60, never)
+    assert clock.slept == 0  # no waiting for a change that cannot come
+    assert gone["reason"].startswith("the owner's lease was last renewed 3:00:0")
+    assert 3 * 3600 - 5 < gone["lease_file_age"] < 3 * 3600 + 60 and gone["waited"] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["lease"]  # the clock probe is gone
+
+    write_lease(tmp_path, lease_json(time.time() - 5))
+    age_file(tmp_path / "lease", 3 * 3600)  # its time is fresh: alive, whatever the file says
+    assert jsr_events.owner_gone(tmp_path, 60, never) is None
+    assert clock.slept == 0
+
+
+def test_clocks_that_disagree_wait_for_a_change(tmp_path: Path) -> None:
+    """The owner's clock behind by hours: its ``t`` looks old, the file was written just now
+    (by the filesystem's clock): a change is waited for, as without the file's time."""
+    write_lease(tmp_path, lease_json(time.time() - 2 * 3600, renew_every=1.0))
+    renewer = threading.Timer(0.3, write_lease, (tmp_path, lease_json(time.time() - 2 * 3600 + 1)))
+    renewer.start()
+    try:
+        assert jsr_events.owner_gone(tmp_path, 60, lambda: False) is None  # it changed: alive
+    finally:
+        renewer.join()

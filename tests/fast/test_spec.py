@@ -364,13 +364,22 @@ def test_port_range_may_be_written_low_dash_high():
 
 
 def test_block_size_is_the_named_ray_ports_plus_the_worker_ports():
-    assert ClusterSpec(worker_ports=64).block_size == 11 + 64
+    # node and object manager, Ray Client, dashboard, two metrics ports; the GCS and the
+    # agents take kernel-assigned ports (bootstrap/rayargs.py)
+    assert ClusterSpec(worker_ports=64).block_size == 6 + 64
+
+
+def test_hash_jobid_is_a_port_strategy():
+    spec = ClusterSpec(**TIME, port_strategy="hash_jobid", port_range=(20000, 20069))
+    assert (spec.port_strategy, spec.block_size) == ("hash_jobid", 70)
+    with raises_spec_error("port_range", (20000, 20068)):
+        ClusterSpec(**TIME, port_strategy="hash_jobid", port_range=(20000, 20068))
 
 
 def test_port_range_must_hold_one_block():
     with raises_spec_error("port_range", (20000, 20050)):
         ClusterSpec(**TIME, port_range=(20000, 20050), worker_ports=64)
-    assert ClusterSpec(**TIME, port_range=(20000, 20074), worker_ports=64).block_size == 75
+    assert ClusterSpec(**TIME, port_range=(20000, 20069), worker_ports=64).block_size == 70
 
 
 def test_fixed_strategy_requires_a_base_port():
@@ -384,7 +393,7 @@ def test_fixed_strategy_requires_a_base_port():
 def test_fixed_port_base_leaves_room_for_its_block():
     with raises_spec_error("fixed_port_base", 65500):
         ClusterSpec(**TIME, port_strategy="fixed", fixed_port_base=65500)
-    assert ClusterSpec(**TIME, fixed_port_base=65536 - 75).fixed_port_base == 65461
+    assert ClusterSpec(**TIME, fixed_port_base=65536 - 70).fixed_port_base == 65466
 
 
 # ----------------------------------------------------------------------------- completeness

@@ -6,6 +6,9 @@ for one optional format check, Ray imports jsonschema, and a Ray node starts abo
 Python processes, all paying it at once. Here the import gives a stand-in whose functions and
 attributes load the real module the first time they are used: nothing is lost, only moved to
 where it is needed. Then the ``sitecustomize`` this file shadows, if there is one, runs as usual.
+
+It also installs ``jsr_clientguard``: Ray Client's proxier sends a client's requests (with the
+cluster token) only to the server it started for that client (see there).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 import sys
 from types import ModuleType
 from typing import Any
+
+import jsr_clientguard  # beside this file, first on sys.path
 
 # module -> functions others import by name (``from m import f``), deferred as well
 DEFERRED = {"rfc3987_syntax": ("is_valid_syntax", "parse")}
@@ -79,4 +84,5 @@ def _run_shadowed_sitecustomize() -> None:
 
 
 sys.meta_path.insert(0, _DeferredImports())
+jsr_clientguard.install()
 _run_shadowed_sitecustomize()

