@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,8 @@ async def register(jp_fetch, server_manager, http_server_client, jp_base_url, jp
             "ray_version": "0",
             "python_version": "0",
             "node_count": 1,
+            # the bootstrap's word that these listeners are the job's own Ray's
+            "verified": {"uid": os.getuid(), "listeners": {"client": 1, "dashboard": port}},
         }
         (job_dir / "connection.json").write_text(json.dumps(connection))
         record = ClusterRecord(
