@@ -72,10 +72,14 @@ __all__ = [
 
 # The script comes on stdin: what Slurm keeps is the text that was checked, never a file
 # someone could swap by its path. (Constant; "$1", when given, is the path of a script file,
-# read through the same stdin.) The SBATCH_* variables that would override the script's
-# #SBATCH lines never reach it: the transport runs every Slurm command without the enclosing
-# job's input variables (bootstrap/slurmenv.py).
-_SBATCH_STDIN = '[ $# = 0 ] || exec <"$1"; exec sbatch --parsable'
+# read through the same stdin.) sbatch lets SBATCH_* variables override the script's #SBATCH
+# lines: the transport already runs Slurm commands without an enclosing job's input variables
+# (bootstrap/slurmenv.py), and this unsets any that a command prefix (a site's wrapper) set.
+_SBATCH_STDIN = (
+    'for v in $(env | sed -n "s/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/\\1/p"); do unset "$v"; done; '
+    '[ $# = 0 ] || exec <"$1"; '
+    "exec sbatch --parsable"
+)
 # The command in "$@", for the user running it: sacctmgr needs the user's name, which only the
 # other side knows (runuser, SSH). (Constant; the arguments are the package's own.)
 AS_THIS_USER = 'exec "$@" "user=$(id -un)"'

@@ -14,7 +14,6 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from IPython.testing.globalipapp import start_ipython
@@ -24,7 +23,7 @@ from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
 
 from .helpers.ipyshell import one_line_error
-from .helpers.jobs import job_fields, jobs_named
+from .helpers.jobs import batch_script, job_fields, jobs_named
 from .helpers.notebook import NotebookKernel as Kernel
 from .helpers.site import configured_site
 from .helpers.waiting import wait_for
@@ -120,8 +119,8 @@ def test_up_ends_connected_and_asks_slurm_for_the_options(started):
     assert job["JobName"] == started["name"] and job["Partition"] == "debug"
     assert job["TimeLimit"] == "00:10:00" and job["NumNodes"] == "1"
     assert job["Account"] == "physics"
-    # Without accounting, Slurm keeps no QOS; the submitted script shows it was asked for.
-    assert "#SBATCH --qos=normal" in Path(job["Command"]).read_text().splitlines()
+    # Without accounting, Slurm keeps no QOS; the script Slurm got shows it was asked for.
+    assert "#SBATCH --qos=normal" in batch_script(cluster.job_id).splitlines()
     assert job["MinMemoryNode"] == "1500M" and job["CPUs/Task"] == "1"
     assert "gpu:1" in job["TresPerNode"]
     assert ray.cluster_resources()["GPU"] == 1

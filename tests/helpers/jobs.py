@@ -100,3 +100,13 @@ def job_fields(job_id: str) -> dict[str, str]:
         ["scontrol", "show", "job", "-o", job_id], check=True, capture_output=True, text=True
     ).stdout
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+
+def batch_script(job_id: str) -> str:
+    """The script Slurm keeps for the job (what sbatch got), while slurmctld knows the job."""
+    return subprocess.run(
+        ["scontrol", "write", "batch_script", job_id, "-"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
