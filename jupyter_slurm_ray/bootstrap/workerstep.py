@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from jsr_base import LOG_LINES, short_hostname, tail
@@ -27,8 +28,26 @@ def worker_step_cpus(env: dict[str, str]) -> int | None:
     return min(workers) if workers else None
 
 
-def worker_step_argv(srun: str, job_dir: Path, workers: int, env: dict[str, str]) -> list[str]:
-    """One srun step with one bootstrap worker task on every node but this one.
+@dataclass(frozen=True)
+class HereWorkers:
+    """The worker step of a cluster in the kernel's own allocation: its nodes, its name (the
+    head step's, JSR_JOB_ID) and the CPUs of each task (None: srun's default)."""
+
+    hosts: tuple[str, ...]
+    name: str
+    cpus: int | None
+
+
+def worker_step_argv(
+    srun: str,
+    job_dir: Path,
+    workers: int,
+    env: dict[str, str],
+    here: HereWorkers | None = None,
+) -> list[str]:
+    """One srun step with one bootstrap worker task on every node but this one, or (``here``:
+    the cluster runs as steps of the kernel's own allocation) on the cluster's other nodes,
+    named after the cluster's steps (so that a cancel finds it too) with their CPUs.
 
     --export=ALL: a job submitted with --export=NAME,... has SLURM_EXPORT_ENV set, and srun
     would pass on only those names instead of what the setup lines built in the batch shell.
@@ -37,10 +56,14 @@ def worker_step_argv(srun: str, job_dir: Path, workers: int, env: dict[str, str]
     """
     argv = [
         srun, "--overlap", f"--nodes={workers}", f"--ntasks={workers}", "--ntasks-per-node=1",
-        f"--exclude={env.get('SLURMD_NODENAME', short_hostname())}",
         "--kill-on-bad-exit=0", "--export=ALL",
     ]  # fmt: skip
-    cpus = worker_step_cpus(env)
+    if here is not None:
+        argv += [f"--nodelist={','.join(here.hosts)}", f"--job-name={here.name}"]
+        cpus = here.cpus
+    else:
+        argv.append(f"--exclude={env.get('SLURMD_NODENAME', short_hostname())}")
+        cpus = worker_step_cpus(env)
     if cpus:
         argv.append(f"--cpus-per-task={cpus}")
     return [*argv, sys.executable, str(job_dir / "bootstrap"), "worker", str(job_dir)]
@@ -53,9 +76,11 @@ class WorkerStep:
         self.logs = logs
         self.popen: subprocess.Popen[bytes] | None = None
 
-    def start(self, srun: str, job_dir: Path, workers: int) -> None:
+    def start(
+        self, srun: str, job_dir: Path, workers: int, here: HereWorkers | None = None
+    ) -> None:
         env = own_job_environment()
-        argv = worker_step_argv(srun, job_dir, workers, env)
+        argv = worker_step_argv(srun, job_dir, workers, env, here)
         with open(self.logs / "srun-workers.log", "ab") as log:
             self.popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
