@@ -28,6 +28,25 @@ def worker_step_cpus(env: dict[str, str]) -> int | None:
     return min(workers) if workers else None
 
 
+#: What srun's task environment says of the step it runs in (the head's step of a ``--here``
+#: cluster: one node). Left in, a step started inside it reads them as the allocation's shape
+#: (``srun: error: Only allocated 1 nodes asked for 2``); without them srun asks Slurm.
+STEP_SHAPE = frozenset(
+    {
+        "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+        "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS",
+        "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS",
+    }
+)  # fmt: skip
+
+
+def worker_step_environment(here: bool) -> dict[str, str]:
+    """srun's environment for the worker step: the job's own, and inside a ``--here`` head
+    step without that step's shape."""
+    env = own_job_environment()
+    return {k: v for k, v in env.items() if k not in STEP_SHAPE} if here else env
+
+
 @dataclass(frozen=True)
 class HereWorkers:
     """The worker step of a cluster in the kernel's own allocation: its nodes, its name (the
@@ -79,7 +98,7 @@ class WorkerStep:
     def start(
         self, srun: str, job_dir: Path, workers: int, here: HereWorkers | None = None
     ) -> None:
-        env = own_job_environment()
+        env = worker_step_environment(here is not None)
         argv = worker_step_argv(srun, job_dir, workers, env, here)
         with open(self.logs / "srun-workers.log", "ab") as log:
             self.popen = subprocess.Popen(

@@ -466,6 +466,20 @@ def test_the_worker_step_runs_on_the_clusters_other_nodes_named_as_the_heads(
     assert head.here_workers() is None  # a job of its own: every other node of the job
 
 
+def test_the_worker_step_of_a_here_head_asks_slurm_for_the_allocations_shape(monkeypatch) -> None:
+    # Inside the head's one-node step these describe that step: a nested srun read them as
+    # the allocation and refused ("Only allocated 1 nodes asked for 2", seen on the testbed).
+    workerstep = bootstrap_module("workerstep")
+    step = {"SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1"}
+    for name, value in {**step, "SLURM_JOB_ID": "77", "SLURM_JOB_CPUS_PER_NODE": "2(x3)"}.items():
+        monkeypatch.setenv(name, value)
+    here = workerstep.worker_step_environment(here=True)
+    assert not set(step) & set(here)
+    assert (here["SLURM_JOB_ID"], here["SLURM_JOB_CPUS_PER_NODE"]) == ("77", "2(x3)")
+    own = workerstep.worker_step_environment(here=False)  # a job of its own: its batch step's
+    assert all(own[name] == value for name, value in step.items())
+
+
 def test_the_head_warns_before_the_allocations_end_which_it_asks_of_squeue(
     tmp_path: Path, monkeypatch
 ) -> None:
