@@ -218,6 +218,28 @@ def choice(*options: str) -> Check:
     return check
 
 
+_HOSTLIST = re.compile(r"[A-Za-z0-9_.-]+(?:\[[0-9,-]+\][A-Za-z0-9_.-]*)?", re.ASCII)
+HERE_NODES_ALLOWED = (
+    "a number of the allocation's nodes (e.g. 2), or a Slurm host list of them (node[2-3] or "
+    "node2,node3)"
+)
+
+
+def here_nodes(field: str, value: Any) -> str:
+    """``mode = "here"``'s choice of the allocation's nodes: a count ("2") or a host list."""
+    text = (
+        str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+    )
+    if text.isdigit():
+        if int(text) < 1:
+            raise SpecError(field, value, HERE_NODES_ALLOWED)
+        return str(int(text))
+    items = re.split(r",(?![^\[]*\])", text) if text and len(text) <= 4096 else []
+    if not items or not all(_HOSTLIST.fullmatch(item) for item in items):
+        raise SpecError(field, value, HERE_NODES_ALLOWED)
+    return text
+
+
 def flag(field: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value

@@ -41,6 +41,8 @@ from .errors import (
     SpecError,
 )
 from .follow import JobFollower
+from .hereplan import head_step, plan_here, planned_spec
+from .heresteps import HereSteps
 from .jobdir import JobDir
 from .lease import Lease
 from .localjobs import scheduler_for
@@ -101,6 +103,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         if spec.mode == "local":  # processes of this machine instead of a Slurm job
             self.transport = self.transport.for_local_mode()
         self.slurm: SlurmClient = scheduler_for(self.transport)
+        if spec.mode == "here":  # steps of this kernel's own allocation instead of a job
+            self.slurm = HereSteps(self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected
@@ -250,6 +254,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     async def script_async(self) -> str:
         """The job script that ``up()`` would submit (nothing is submitted)."""
+        await self._scheduler_for_up()
         job_dir, script = await submission.prepare(self.transport, self.spec, self.id, self.job_dir)
         self.job_dir = job_dir.path
         return script
@@ -270,13 +275,14 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         if self._status.job_id is not None:
             raise SlurmRayError(f"cluster {self.id} was already started (job {self.job_id})")
         self._changed = asyncio.Event()
+        scheduler = await self._scheduler_for_up()  # mode 'here': its allocation checked
         # the job dir root is checked before anything is written
         job_dir, script = await submission.prepare(self.transport, self.spec, self.id)
         self.job_dir = job_dir.path
         self.ownership.become_owner(0)
         self._save_record()
         job_id = await submission.submit(
-            self.slurm,
+            scheduler,
             job_dir,
             self.spec,
             self.id,
@@ -297,6 +303,16 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         return self
 
     up = blocking(up_async)
+
+    async def _scheduler_for_up(self) -> SlurmClient:
+        """What starts the job: the cluster's scheduler, or with mode 'here' the head's step
+        in this kernel's allocation, once the allocation is checked (SpecError naming the
+        setting that does not fit) and the spec says where it runs (its nodes and CPUs)."""
+        if self.spec.mode != "here":
+            return self.slurm
+        plan = await plan_here(self.transport, self.spec)
+        self.spec = planned_spec(self.spec, plan)
+        return HereSteps(self.transport, head=head_step(plan, self.spec))
 
     async def wait_up_async(
         self,

@@ -139,6 +139,9 @@ class ClusterScaling:
         count = checked_node_count(nodes, least)
         if self.spec.mode == "local" and count != least:
             raise SpecError("nodes", nodes, "1 in local mode (scaling adds Slurm worker jobs)")
+        if self.spec.mode == "here" and count != least:
+            allowed = f"{least}: a --here cluster has its allocation's nodes (here_nodes)"
+            raise SpecError("nodes", nodes, allowed)
         state = self._status.state
         if state.is_final or not (state.is_up or self._follower.events.head_ready):
             raise SlurmRayError(

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
+from .heresteps import query_jobs
 from .localjobs import scheduler_for
 from .naming import job_comment
 from .queuecache import SharedQueue
@@ -224,7 +225,7 @@ class Inventory:
             try:
                 transport = self.transports.for_target(target)
                 slurm = scheduler_for(transport, shared=self._queue(target))
-                snapshot.jobs.update(await slurm.query(job_ids, max_age=max_age))
+                snapshot.jobs.update(await query_jobs(slurm, job_ids, max_age=max_age))
                 self._silent_since.pop(target, None)
             except (SlurmUnavailable, UnknownTarget) as exc:
                 since = self._silent_since.setdefault(target, time.time())

@@ -27,6 +27,7 @@ from .checks import python_command
 from .errors import CommandError, SlurmRayError, SpecError
 from .jobenv import exported_names, parse_env0
 from .shipping import bootstrap_files
+from .slurm_output import expand_hostlist
 from .spec import ClusterSpec
 from .transport import LocalTransport, Transport, tar_base64
 
@@ -357,6 +358,10 @@ def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
         "lock_dir": spec.port_lock_dir,
         "container": spec.container,
         "container_runtime": spec.container_runtime,
+        "here_hosts": expand_hostlist(spec.here_nodes or "") if spec.mode == "here" else [],
+        "cpus_per_node": spec.cpus_per_node if spec.mode == "here" else None,
+        "here_kernel_tasks": spec.here_kernel_tasks,
+        "walltime_warning": spec.walltime_warning,
     }
 
 

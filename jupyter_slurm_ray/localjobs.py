@@ -47,6 +47,7 @@ __all__ = [
     "is_local_job_id",
     "job_limits",
     "scheduler_for",
+    "script_options",
     "with_local_mode_hint",
 ]
 
@@ -186,11 +187,9 @@ def scheduler_for(transport: Transport, *, shared: SharedQueue | None = None) ->
     return SlurmClient(transport, shared=shared)
 
 
-def job_limits(script: str) -> dict[str, str]:
-    """What the runner needs from a job script's ``#SBATCH`` lines, as sbatch reads them:
-    walltime and warning seconds, CPUs, memory in MB (each "" or "0" when unset), the job's
-    working directory (``chdir``, "" when unset) and the ``--export`` list (ALL when unset, as
-    sbatch's default)."""
+def script_options(script: str) -> dict[str, str]:
+    """A job script's ``#SBATCH`` long options as sbatch reads them (the last of each wins; a
+    flag's value is "")."""
     options: dict[str, str] = {}
     for line in script.splitlines():
         if not line.startswith("#SBATCH "):
@@ -198,6 +197,15 @@ def job_limits(script: str) -> dict[str, str]:
         for word in shlex.split(line[len("#SBATCH ") :]):
             name, _, value = word.partition("=")
             options[name] = value
+    return options
+
+
+def job_limits(script: str) -> dict[str, str]:
+    """What the runner needs from a job script's ``#SBATCH`` lines, as sbatch reads them:
+    walltime and warning seconds, CPUs, memory in MB (each "" or "0" when unset), the job's
+    working directory (``chdir``, "" when unset) and the ``--export`` list (ALL when unset, as
+    sbatch's default)."""
+    options = script_options(script)
     warning = options.get("--signal", "").partition("@")[2]
     mem = options.get("--mem", "").rstrip("M")
     return {

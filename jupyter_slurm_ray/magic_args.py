@@ -106,8 +106,14 @@ def spec_arguments(args: argparse.Namespace) -> dict[str, Any]:
     arguments["exclusive"] = args.exclusive
     arguments["name"] = args.name
     arguments["mode"] = "local" if getattr(args, "local", False) else None
+    if getattr(args, "here", False):
+        if arguments["mode"] == "local":
+            raise ArgumentError("%slurm_ray: --local and --here exclude each other")
+        arguments.update(_here_arguments(args))
     groups = [parse_group_option(text) for text in getattr(args, "worker_group", None) or ()]
     arguments["worker_groups"] = dict(groups) if groups else None
+    arguments["here_nodes"] = arguments.get("here_nodes", getattr(args, "here_nodes", None))
+    arguments["here_kernel_tasks"] = getattr(args, "here_kernel_tasks", None)
     return arguments
 
 
@@ -117,6 +123,31 @@ def _add_local_option(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='local mode: Ray as processes of this machine (one node), no Slurm (mode = "local")',
     )
+    parser.add_argument(
+        "--here",
+        action="store_true",
+        help="Ray on the nodes of the Slurm allocation this kernel runs in, as steps of it (no "
+        'new job; mode = "here"); -N N: N of its nodes',
+    )
+    parser.add_argument("--here-nodes", metavar="NODES", help=_HELP["here_nodes"])
+    parser.add_argument(
+        "--here-no-kernel-tasks",
+        dest="here_kernel_tasks",
+        action="store_const",
+        const=False,
+        default=None,
+        help=_HELP["here_kernel_tasks"],
+    )
+
+
+def _here_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``--here``: mode 'here'; ``-N N`` means N of the allocation's nodes (``here_nodes``)."""
+    here_nodes = args.here_nodes
+    if args.nodes is not None:
+        if here_nodes is not None:
+            raise ArgumentError("%slurm_ray: with --here, give -N or --here-nodes, not both")
+        here_nodes = args.nodes
+    return {"mode": "here", "here_nodes": here_nodes, "nodes": None}
 
 
 def setup_lines(args: argparse.Namespace, cell: str | None = None) -> list[str]:

@@ -34,7 +34,7 @@ from .magic_args import ArgumentError, HelpRequested, parse, setup_lines, spec_a
 from .reprs import cluster_line, cluster_mimebundle, dashboard_links
 from .session import get_session
 from .sitecheck import check_with_slurm
-from .spec import ClusterSpec
+from .spec import ClusterSpec, ignored_here
 from .states import State
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,13 @@ class SlurmRayMagics(Magics):
         return spec, sources
 
     def _complete(self, args: argparse.Namespace, cell: str | None = None) -> ClusterSpec:
-        """The spec to submit: a walltime is required."""
-        spec, _ = self._resolve(args, cell)
-        if spec.time is None:
+        """The spec to submit: a walltime is required (except with --here: the allocation's
+        applies, and the settings left out for it are told)."""
+        spec, sources = self._resolve(args, cell)
+        if spec.time is None and spec.mode != "here":
             raise SpecError("time", None, _TIME_REQUIRED)
+        for note in ignored_here(sources):
+            print(f"note: {note}")
         return spec
 
     def _connect_timeout(self) -> float:

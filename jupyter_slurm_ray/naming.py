@@ -25,6 +25,10 @@ WORKER_JOB_TAG = "jupyter-slurm-ray-worker:"
 #: Set by the Jupyter server extension for its kernels: the dashboard proxy's URL prefix.
 DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 
+#: The job id of a cluster's head step in its kernel's own allocation (mode 'here', see
+#: heresteps.py): ``here-<allocation>-<runner pid>``, never a Slurm job id.
+HERE_JOB_ID = re.compile(r"here-([0-9]+(?:_[0-9]+)?)-([0-9]+)", re.ASCII)
+
 
 def is_cluster_id(value: object) -> bool:
     return isinstance(value, str) and CLUSTER_ID.fullmatch(value) is not None

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RegistryError, SlurmRayError
-from .naming import CLUSTER_ID_ALLOWED, is_cluster_id, target_name
+from .naming import CLUSTER_ID_ALLOWED, HERE_JOB_ID, is_cluster_id, target_name
 from .owner import ProcessIdentity, this_process
 from .states import FINAL, State
 
@@ -203,8 +203,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def _job_id_like(value: str) -> bool:
-    """A Slurm job id, or local mode's ``local-<pid>``."""
-    return value.removeprefix("local-").isdigit()
+    """A Slurm job id, local mode's ``local-<pid>`` or a here step's id (``naming``)."""
+    return value.removeprefix("local-").isdigit() or HERE_JOB_ID.fullmatch(value) is not None
 
 
 def _check_field(name: str, value: Any) -> None:

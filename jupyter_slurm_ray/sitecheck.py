@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .accounting import Accounting, load_accounting
 from .errors import SlurmUnavailable, SpecError
+from .hereplan import plan_here
 from .limits import check_against_accounting
 from .localjobs import with_local_mode_hint
 from .slurm import Partition, SlurmClient
@@ -114,6 +115,9 @@ async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck
     if spec.mode == "local":
         note = "local mode: Ray runs as processes of this machine (one node); Slurm is not asked"
         return SiteCheck([], Accounting(unavailable="local mode"), (note,))
+    if spec.mode == "here":  # nothing is submitted: the kernel's allocation is checked instead
+        plan = await plan_here(transport, spec)
+        return SiteCheck([], Accounting(unavailable="--here"), plan.notes(spec))
     try:
         partitions = await SlurmClient(transport).partitions()
     except SlurmUnavailable as exc:

@@ -23,6 +23,7 @@ from .checks import (
     export_env_entries,
     flag,
     format_walltime,
+    here_nodes,
     home_or_absolute_dir,
     integer,
     memory,
@@ -45,12 +46,14 @@ from .workergroups import checked_groups, group_spec
 
 __all__ = [
     "FIELD_NAMES",
+    "HERE_IGNORED",
     "MEMORY_ALLOWED",
     "NAMED_RAY_PORTS",
     "TIME_REQUIRED",
     "WALLTIME_ALLOWED",
     "ClusterSpec",
     "format_walltime",
+    "ignored_here",
     "merge_layers",
     "parse_memory",
     "parse_walltime",
@@ -91,10 +94,28 @@ class ClusterSpec:
     )
     mode: str = _setting(
         "slurm",
-        choice("slurm", "local"),
+        choice("slurm", "local", "here"),
         "text",
-        "'slurm' (a Slurm job) or 'local' (Ray as processes of this machine, one node, through "
-        "the same bootstrap: for a laptop, a tutorial, CI; the magic's --local).",
+        "'slurm' (a Slurm job), 'local' (Ray as processes of this machine, one node, through "
+        "the same bootstrap: for a laptop, a tutorial, CI; the magic's --local) or 'here' (Ray "
+        "on the nodes of the Slurm allocation this kernel runs in, as steps of it: no new job; "
+        "the magic's --here).",
+    )
+    here_nodes: str | None = _setting(
+        None,
+        optional(here_nodes),
+        "text",
+        "With mode 'here': which of the allocation's nodes run Ray. Unset: all of them; a "
+        "number N: the kernel's node and the next N-1; or a host list (node[2-3]). The first "
+        "(the kernel's node when chosen) is Ray's head.",
+    )
+    here_kernel_tasks: bool = _setting(
+        True,
+        flag,
+        "flag",
+        "With mode 'here': whether the kernel's own node (Ray's head, when it is one of the "
+        "chosen nodes) runs Ray tasks; false: it runs the head's processes only (0 CPUs and 0 "
+        "GPUs for tasks).",
     )
     # -- what to ask Slurm for --------------------------------------------------------------
     time: str | None = _setting(
@@ -276,6 +297,8 @@ class ClusterSpec:
         self._check_ports()
         if self.mode == "local" and self.nodes != 1:
             raise SpecError("nodes", self.nodes, "1 in local mode (Ray runs as one node here)")
+        if self.mode == "here":
+            self._check_here()
         if self.environment == "pack" and self.container is not None:
             allowed = "'kernel' when container is set (Ray comes from the image)"
             raise SpecError("environment", "pack", allowed)
@@ -297,6 +320,16 @@ class ClusterSpec:
             allowed = f"a port from 1024 to {65536 - block}, so that its {block} ports fit"
             raise SpecError("fixed_port_base", base, allowed)
 
+    def _check_here(self) -> None:
+        """With mode 'here' the allocation is the kernel's own: what sbatch would be asked for
+        is refused (``resolve`` leaves such settings of the configuration out, and says so)."""
+        for name in HERE_IGNORED:
+            value = getattr(self, name)
+            if name == "nodes" and (value == 1 or self.here_nodes is not None):
+                continue
+            if value not in (None, False, ()):
+                raise SpecError(name, value, _here_refusal(name))
+
     @property
     def block_size(self) -> int:
         """Ports the bootstrap needs per node: the named Ray ports and the worker port range."""
@@ -314,7 +347,7 @@ class ClusterSpec:
 
     def require_complete(self) -> ClusterSpec:
         """Return the spec if it can be submitted, else raise SpecError (a walltime is required)."""
-        if self.time is None:
+        if self.time is None and self.mode != "here":  # here: the allocation's walltime
             raise SpecError("time", None, TIME_REQUIRED)
         return self
 
@@ -345,6 +378,32 @@ class ClusterSpec:
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ClusterSpec))
+#: What sbatch would be asked for, which a cluster in the kernel's own allocation (mode
+#: 'here') does not ask: the allocation's own nodes, walltime, partition… apply.
+HERE_IGNORED = (
+    "nodes",
+    "time",
+    "partition",
+    "account",
+    "qos",
+    "reservation",
+    "constraint",
+    "exclusive",
+    "extra_sbatch",
+)
+
+
+_HERE_WHY = {
+    "nodes": "here_nodes chooses the allocation's nodes (a number, or a host list; unset: all)",
+    "time": "the allocation's own walltime applies",
+    "exclusive": "the allocation's nodes are what they are",
+    "extra_sbatch": "nothing is submitted",
+}
+
+
+def _here_refusal(name: str) -> str:
+    why = _HERE_WHY.get(name, f"the allocation's own {name} applies")
+    return f"unset with mode 'here' (the cluster runs as steps of the kernel's allocation): {why}"
 
 
 def _plain(value: Any) -> Any:
@@ -400,12 +459,29 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[ClusterSpe
     if merged.get("mode") == "local" and "nodes" in merged:  # one node, and say so
         sources["nodes"] = f"local mode runs one node ({sources['nodes']} asked {merged['nodes']})"
         del merged["nodes"]
+    if merged.get("mode") == "here":  # the allocation's own apply, and say so
+        for name in HERE_IGNORED:
+            if name in merged:
+                asked = f"{sources[name]} asked {merged.pop(name)!r}"
+                why = _HERE_WHY.get(name, f"the allocation's own {name} applies")
+                sources[name] = f"{IGNORED_HERE}: {why} ({asked})"
     try:
         spec = ClusterSpec(**merged)
     except SpecError as error:
         source = sources.get(error.field, "default")
         raise SpecError(error.field, error.value, f"{error.allowed} (set by {source})") from error
     return spec, sources
+
+
+#: How ``resolve`` marks the source of a setting mode 'here' leaves out.
+IGNORED_HERE = "ignored with mode 'here'"
+
+
+def ignored_here(sources: Mapping[str, str]) -> list[str]:
+    """The settings ``resolve`` left out for mode 'here', each with who asked for what."""
+    return [
+        f"{name}: {source}" for name, source in sources.items() if source.startswith(IGNORED_HERE)
+    ]
 
 
 def _groups_of(value: Any) -> dict[str, Any]:

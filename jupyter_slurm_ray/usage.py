@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import SlurmError, TransportError
 from .formatting import usage_summary
+from .heresteps import allocation_of, is_here_job_id
 from .slurm import FINAL_STATES, SlurmClient, UsageRow
 from .slurm_output import tres_amount
 from .transport import Transport
@@ -171,6 +172,10 @@ async def fetch_usages(
         for key in stale:
             known[key] = (now, Usage(key, unavailable="local mode has no Slurm accounting"))
         stale = []
+    for key in [key for key in stale if any(is_here_job_id(job) for job in key)]:
+        why = f"a --here cluster's steps count as allocation {allocation_of(key[0])}'s usage"
+        known[key] = (now, Usage(key, unavailable=why))
+        stale.remove(key)
     if stale:
         jobs = sorted({j for key in stale for j in key})
         try:

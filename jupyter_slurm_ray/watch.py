@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import SlurmUnavailable
+from .heresteps import query_jobs
 from .localjobs import scheduler_for
 from .queuecache import SharedQueue
 from .slurm import JobInfo, SlurmClient
@@ -134,7 +135,7 @@ class JobWatcher:
         self._asked_at = time.monotonic()
         self.polls += 1
         asked = time.time()
-        query = asyncio.ensure_future(self.slurm.query(job_ids, max_age=max_age))
+        query = asyncio.ensure_future(query_jobs(self.slurm, job_ids, max_age=max_age))
         try:
             done, _ = await asyncio.wait({query}, timeout=SLOW_ANSWER)
         except asyncio.CancelledError:

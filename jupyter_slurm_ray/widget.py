@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import os
 from collections.abc import Coroutine
 from typing import Any
 
@@ -115,11 +116,18 @@ class ClusterPanel(widgets.VBox):
         self.walltime = text("walltime", "e.g. 1:00:00")
         self.name = text("name", "ray")
         self.cpus.tooltip = "0: the partition's default"
+        self.here = widgets.Checkbox(
+            description="in this allocation (--here: Ray on its nodes, no new job)",
+            indent=False,
+            layout=widgets.Layout(display="" if _allocation_nodes() else "none"),
+        )
+        self.here.observe(lambda change: self._here_toggled(change["new"]), "value")
         self.profile.observe(lambda change: self._fill(change["new"]), "value")
         self.account.observe(lambda change: self._offer_qos(change["new"]), "value")
         self.partition.observe(lambda change: self._offer_qos(self.account.value), "value")
         self.form = widgets.VBox(
             [
+                self.here,
                 self.profile,
                 self.partition,
                 widgets.HBox([self.account, self.qos]),
@@ -127,6 +135,14 @@ class ClusterPanel(widgets.VBox):
                 widgets.HBox([self.memory, self.walltime, self.name]),
             ]
         )
+
+    def _here_toggled(self, here: bool) -> None:
+        """--here: the allocation's partition, account, QOS and walltime apply; nodes counts
+        its nodes (all of them to start with)."""
+        for field in (self.partition, self.account, self.qos, self.walltime):
+            field.disabled = here
+        if here:
+            self.nodes.value = _allocation_nodes() or self.nodes.value
 
     def _local_mode(self, profiles: dict[str, Profile]) -> bool:
         """Local mode by the settings, or else by the profile the form starts with."""
@@ -177,6 +193,7 @@ class ClusterPanel(widgets.VBox):
         self.memory.value = f"{spec.mem_per_node}M" if spec.mem_per_node else ""
         self.walltime.value = spec.time or ""
         self.name.value = spec.name
+        self.here.value = spec.mode == "here" and bool(_allocation_nodes())
 
     def _offer_accounts(self, wanted: str | None = None) -> None:
         """The user's accounts, the default selected (or ``wanted``, e.g. a profile's)."""
@@ -209,7 +226,10 @@ class ClusterPanel(widgets.VBox):
         return next((p.name for p in self.partitions if p.is_default), None)
 
     def spec(self) -> ClusterSpec:
-        """The spec the form asks for (SpecError when a field is not allowed)."""
+        """The spec the form asks for (SpecError when a field is not allowed). With --here,
+        the allocation is checked when the cluster starts."""
+        if self.here.value:
+            return self._here_spec()
         arguments = {
             "partition": self.partition.value or None,
             "account": self.account.value or None,
@@ -223,6 +243,18 @@ class ClusterPanel(widgets.VBox):
         }
         spec, _ = resolve_spec(arguments, profile=self.profile.value, config=self.session.config)
         check_spec(spec.require_complete(), self.partitions, self.accounting)
+        return spec
+
+    def _here_spec(self) -> ClusterSpec:
+        arguments = {
+            "mode": "here",
+            "here_nodes": str(self.nodes.value),
+            "cpus_per_node": self.cpus.value or None,
+            "gpus_per_node": self.gpus.value,
+            "mem_per_node": self.memory.value.strip() or None,
+            "name": self.name.value.strip() or None,
+        }
+        spec, _ = resolve_spec(arguments, profile=self.profile.value, config=self.session.config)
         return spec
 
     # -- actions (never block the kernel) -------------------------------------------------
@@ -352,3 +384,11 @@ class ClusterPanel(widgets.VBox):
             self.cluster.remove_observer(self._on_status)
         self.status_view.close()
         super().close()
+
+
+def _allocation_nodes() -> int:
+    """The nodes of the Slurm allocation this kernel runs in (0: it runs in none)."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return 0
+    count = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    return int(count) if count.isdigit() else 1

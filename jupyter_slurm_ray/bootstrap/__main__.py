@@ -71,6 +71,14 @@ Every event line has t (time.time()), event, host and role (head|worker); then:
     walltime_warning, lease_stale (idle_timeout), error (reason, log), stopped
                          (reason, exit_code, killed)
 
+In the kernel's own allocation (mode 'here', bootstrap.json's here_hosts set), the head runs
+as a step of that allocation (srun --overlap, started by the client) rather than as a batch
+step: its worker step runs on here_hosts' other nodes, named JSR_JOB_ID as the head's step is,
+with cpus_per_node CPUs per task; JSR_JOB_ID (the client's id of the steps) replaces
+SLURM_JOB_ID as the job's id (temp dirs, port claims, events); the walltime warning comes
+walltime_warning s before the allocation's end, which the head asks of squeue every minute;
+with here_kernel_tasks false the head's Ray runs no tasks (0 CPUs, 0 GPUs).
+
 A worker job (``python JOB_DIR/bootstrap workerjob JOB_DIR``: one extra Slurm job of one node
 that the client submits to scale out) joins the running head as a worker does; every event it
 writes carries worker_job (its Slurm job id). It ends by itself when the owner's lease is stale,

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from allocationend import AllocationEnd
 from container import container_versions
 from dashapi import Dashboard
 from jsr_base import (
@@ -24,6 +25,7 @@ from jsr_base import (
     job_id,
     renew_token,
     run_text,
+    short_hostname,
     write_json_atomic,
 )
 from jsr_events import EventTail, LeaseWatch, owner_gone
@@ -34,7 +36,7 @@ from nodewatch import NodeWatch
 from portblock import port_name
 from rayargs import gcs_port, ray_environment, ray_versions, require_command
 from slurmenv import own_job_environment
-from workerstep import WorkerStep
+from workerstep import HereWorkers, WorkerStep
 
 WATCH_PERIOD = 2.0  # node-count poll period once ready (s)
 # Ray's and Python's versions as the nodes run them, and the seconds `import ray` takes there
@@ -59,6 +61,7 @@ class HeadRun(NodeRun):
         self.gcs: int | None = None  # the GCS's port (kernel-assigned), once verified
         self.head_json: dict[str, object] = {}
         self.clients_told = False  # connection.json written for this attempt (head_ready)
+        self.allocation_end: AllocationEnd | None = None  # mode 'here': the walltime warning
 
     def main(self) -> str:
         self.events.phase("bootstrap", job_id=job_id(), pid=os.getpid(), python=sys.executable)
@@ -76,10 +79,13 @@ class HeadRun(NodeRun):
         srun = (
             require_command("srun", "it starts Ray on the other nodes") if self.wanted > 1 else ""
         )
+        if config.here_hosts:  # steps of the kernel's own allocation: its end warns
+            allocation = os.environ.get("SLURM_JOB_ID", "")
+            self.allocation_end = AllocationEnd(allocation, float(config.walltime_warning))
         if self.wanted > 1:  # first: the workers unpack a pack (if any) while this node does
             self.logs.mkdir(mode=0o700, exist_ok=True)
             self.events.phase("workers_starting", workers=self.wanted - 1)
-            self.worker_step.start(srun, self.job_dir, self.wanted - 1)
+            self.worker_step.start(srun, self.job_dir, self.wanted - 1, self.here_workers())
         ray = self.find_ray()
         # local mode (localjobs.py: one node, no Slurm) has no controller to route toward
         toward = None if os.environ.get("JSR_LOCAL_MODE") == "1" else slurmctld_address()
@@ -96,6 +102,16 @@ class HeadRun(NodeRun):
         self.write_connection(versions)
         self.announce_ready()
         return self.supervise()
+
+    def here_workers(self) -> HereWorkers | None:
+        """In the kernel's own allocation (mode 'here'): the worker step's nodes (the
+        cluster's others), its name and CPUs; None in a job of its own."""
+        assert self.config is not None
+        if not self.config.here_hosts:
+            return None
+        me = os.environ.get("SLURMD_NODENAME") or short_hostname()
+        others = tuple(host for host in self.config.here_hosts if host != me)
+        return HereWorkers(others, job_id(), self.config.cpus_per_node)
 
     def move_head(self, conflict: PortConflict, ray: str, toward: str | None) -> None:
         """A port of the block was lost: Ray again on another block (BootstrapError when none
@@ -123,6 +139,8 @@ class HeadRun(NodeRun):
         """Claim ports and start `ray start --head`; head.json waits for verified listeners."""
         assert self.config is not None
         plan = self.plan_node(toward)
+        if self.config.here_hosts and not self.config.here_kernel_tasks:
+            plan.cpus = plan.gpus = 0  # the kernel's node: Ray's head, no tasks
         self.events.phase("ports", ports=plan.block.ports)
         self.nodes.hosts[plan.ip] = plan.host
         names = {port: port_name(port - plan.block.start) for port in plan.block.ports_range}
@@ -195,6 +213,8 @@ class HeadRun(NodeRun):
 
     def stop_requested(self) -> str | None:
         """Walltime warnings become events; a stop signal or a stale lease ends the run."""
+        if self.allocation_end is not None and self.allocation_end.warning_due():
+            self.flags.walltime_warnings += 1
         while self.flags.walltime_warnings:
             self.flags.walltime_warnings -= 1
             self.events.emit("walltime_warning", job_id=job_id())

@@ -94,6 +94,12 @@ class Config:
     lock_dir: str | None = None  # ClusterSpec.port_lock_dir
     container: str | None = None  # image Ray runs in (container.py)
     container_runtime: str = "auto"
+    # mode 'here' (steps of the kernel's own allocation): its nodes, the head first (the
+    # worker step runs on the others); empty: a job of its own (every other node of the job)
+    here_hosts: list[str] = field(default_factory=list)
+    cpus_per_node: int | None = None  # mode 'here': each step's CPUs
+    here_kernel_tasks: bool = True  # mode 'here': whether the head (the kernel's node) runs tasks
+    walltime_warning: int = 120  # s before the allocation's end (mode 'here': asked of Slurm)
 
     @classmethod
     def load(cls, path: Path) -> Config:
@@ -133,7 +139,9 @@ def short_hostname() -> str:
 
 
 def job_id() -> str:
-    return os.environ.get("SLURM_JOB_ID", f"pid{os.getpid()}")
+    """The cluster's job: its Slurm job, or in the kernel's own allocation (mode 'here') the
+    id of its steps, JSR_JOB_ID (another cluster may run in the same allocation)."""
+    return os.environ.get("JSR_JOB_ID") or os.environ.get("SLURM_JOB_ID", f"pid{os.getpid()}")
 
 
 def tail(path: Path, lines: int = LOG_LINES) -> list[str]:

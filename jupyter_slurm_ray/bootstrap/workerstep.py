@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from jsr_base import LOG_LINES, short_hostname, tail
@@ -27,8 +28,45 @@ def worker_step_cpus(env: dict[str, str]) -> int | None:
     return min(workers) if workers else None
 
 
-def worker_step_argv(srun: str, job_dir: Path, workers: int, env: dict[str, str]) -> list[str]:
-    """One srun step with one bootstrap worker task on every node but this one.
+#: What srun's task environment says of the step it runs in (the head's step of a ``--here``
+#: cluster: one node). Left in, a step started inside it reads them as the allocation's shape
+#: (``srun: error: Only allocated 1 nodes asked for 2``); without them srun asks Slurm.
+STEP_SHAPE = frozenset(
+    {
+        "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+        "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS",
+        "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS",
+    }
+)  # fmt: skip
+
+
+def worker_step_environment(here: bool) -> dict[str, str]:
+    """srun's environment for the worker step: the job's own, and inside a ``--here`` head
+    step without that step's shape."""
+    env = own_job_environment()
+    return {k: v for k, v in env.items() if k not in STEP_SHAPE} if here else env
+
+
+@dataclass(frozen=True)
+class HereWorkers:
+    """The worker step of a cluster in the kernel's own allocation: its nodes, its name (the
+    head step's, JSR_JOB_ID) and the CPUs of each task (None: srun's default)."""
+
+    hosts: tuple[str, ...]
+    name: str
+    cpus: int | None
+
+
+def worker_step_argv(
+    srun: str,
+    job_dir: Path,
+    workers: int,
+    env: dict[str, str],
+    here: HereWorkers | None = None,
+) -> list[str]:
+    """One srun step with one bootstrap worker task on every node but this one, or (``here``:
+    the cluster runs as steps of the kernel's own allocation) on the cluster's other nodes,
+    named after the cluster's steps (so that a cancel finds it too) with their CPUs.
 
     --export=ALL: a job submitted with --export=NAME,... has SLURM_EXPORT_ENV set, and srun
     would pass on only those names instead of what the setup lines built in the batch shell.
@@ -37,10 +75,14 @@ def worker_step_argv(srun: str, job_dir: Path, workers: int, env: dict[str, str]
     """
     argv = [
         srun, "--overlap", f"--nodes={workers}", f"--ntasks={workers}", "--ntasks-per-node=1",
-        f"--exclude={env.get('SLURMD_NODENAME', short_hostname())}",
         "--kill-on-bad-exit=0", "--export=ALL",
     ]  # fmt: skip
-    cpus = worker_step_cpus(env)
+    if here is not None:
+        argv += [f"--nodelist={','.join(here.hosts)}", f"--job-name={here.name}"]
+        cpus = here.cpus
+    else:
+        argv.append(f"--exclude={env.get('SLURMD_NODENAME', short_hostname())}")
+        cpus = worker_step_cpus(env)
     if cpus:
         argv.append(f"--cpus-per-task={cpus}")
     return [*argv, sys.executable, str(job_dir / "bootstrap"), "worker", str(job_dir)]
@@ -53,9 +95,11 @@ class WorkerStep:
         self.logs = logs
         self.popen: subprocess.Popen[bytes] | None = None
 
-    def start(self, srun: str, job_dir: Path, workers: int) -> None:
-        env = own_job_environment()
-        argv = worker_step_argv(srun, job_dir, workers, env)
+    def start(
+        self, srun: str, job_dir: Path, workers: int, here: HereWorkers | None = None
+    ) -> None:
+        env = worker_step_environment(here is not None)
+        argv = worker_step_argv(srun, job_dir, workers, env, here)
         with open(self.logs / "srun-workers.log", "ab") as log:
             self.popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

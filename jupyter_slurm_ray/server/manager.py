@@ -26,9 +26,9 @@ from typing import Any
 
 from ..cluster import SlurmRayCluster
 from ..errors import Conflict, NotFound, SlurmRayError, SpecError
+from ..heresteps import scheduler_of
 from ..inventory import Entry, Inventory, tag_matches
 from ..jobdir import EVENTS, JobDir, parse_events
-from ..localjobs import scheduler_for
 from ..naming import is_cluster_id
 from ..ownership import live_owner
 from ..queueinfo import queue_insight
@@ -190,7 +190,7 @@ class ClusterManager:
         record = entry.record
         if record is None or not entry.active or not record.job_id:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be extended")
-        slurm = scheduler_for(self.transports.for_target(record.target))
+        slurm = scheduler_of(self.transports.for_target(record.target), record.job_id)
         extension = await extend_walltime(slurm, record.job_id, amount)
         log.info("extended job %s of %s by %d min", record.job_id, cluster_id, extension.minutes)
         self.inventory.expire()
@@ -357,7 +357,7 @@ class ClusterManager:
             record.id,
             record.owner_pid,
         )
-        slurm = scheduler_for(transport)
+        slurm = scheduler_of(transport, record.job_id)
         with contextlib.suppress(SlurmRayError):
             await slurm.cancel(record.job_id)
             self.reaped.append(record.job_id)
