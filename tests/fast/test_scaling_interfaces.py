@@ -88,13 +88,13 @@ async def test_the_owner_applies_requests_made_after_it_took_the_cluster(
     emit(cluster, {"t": 0, "event": "scale_request", "role": "client", "nodes": 4})  # stale
     write_connection(cluster)
     emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
-    await until(lambda: cluster.state is State.READY, 5, "READY")
+    await until(lambda: cluster.state is State.READY, 15, "READY")
     assert cluster.workers.jobs == {}  # a request older than this owner is not applied
     record = cluster.registry.load(cluster.id)
     other = SlurmRayCluster.from_record(record, transport, registry=cluster.registry)
     assert not other.owned_here and cluster.owned_here
     await other.request_scale_async(3)
-    await until(lambda: len(cluster.workers.jobs) == 2, 5, "two worker jobs submitted")
+    await until(lambda: len(cluster.workers.jobs) == 2, 15, "two worker jobs submitted")
     assert cluster.status.nodes_wanted == 3
     lines = (Path(cluster.job_dir) / "events.jsonl").read_text().splitlines()
     (decision,) = [e for e in map(json.loads, lines) if e.get("event") == "scaled"]
