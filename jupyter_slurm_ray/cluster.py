@@ -123,7 +123,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self.workers = WorkerJobs(self.transport, self.slurm, self.id, spec)
         self._events_seen = 0  # events looked at for worker jobs and scale requests
         self._owning_since = float("inf")  # scale requests made after this are applied
-        self._requests: set[asyncio.Future[None]] = set()  # scale requests being applied
+        self._requests: set[asyncio.Future[None]] = set()  # scale requests, cancels under way
         self._rotations: set[asyncio.Future[None]] = set()  # a worker job rotation under way
         self._stopping = False
         self._detached = False
@@ -573,11 +573,20 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self._update_state(answer.job, log_tail)
         if self._status.state.is_final:
             self.lease.release()
-            if self.owned_here:
-                await self.workers.cancel_all()  # the head ended: its worker jobs end too
+            if self.owned_here:  # the head ended: its worker jobs end too
+                # scheduled, not awaited: it waits for an sbatch in flight (up to a minute),
+                # and the watcher tells every cluster of this process its news in turn
+                task = asyncio.ensure_future(self.workers.cancel_all())
+                self._requests.add(task)
+                task.add_done_callback(self._cancelled_worker_jobs)
             if self._status.job_id:
                 watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
                 self._following = False
+
+    def _cancelled_worker_jobs(self, task: asyncio.Future[None]) -> None:
+        self._requests.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("cancelling the worker jobs of %s failed: %s", self.id, task.exception())
 
     def _update_state(self, job: JobInfo | None = None, log_tail: str = "") -> None:
         status = self._follower.status(
