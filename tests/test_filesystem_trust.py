@@ -74,7 +74,9 @@ def write_as(user: str, path: Path, data: bytes, umask: str = "077") -> None:
 def alices_tree(testbed) -> Iterator[Path]:
     """A fresh 0700 directory in alice's home (ACLs removed and deleted afterwards)."""
     if shutil.which("setfacl") is None:
-        pytest.fail("setfacl is missing: scripts/setup installs the acl package", pytrace=False)
+        pytest.fail(
+            "setfacl is missing: scripts/setup --tests installs the acl package", pytrace=False
+        )
     tree = Path(f"/home/{USER}/.jsr-fsys-{uuid.uuid4().hex[:8]}")
     as_user(USER, "mkdir", "-m", "700", str(tree))
     probe = subprocess.run(["setfacl", "-m", f"u:{BOB}:r", str(tree)], capture_output=True)

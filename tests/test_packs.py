@@ -34,7 +34,10 @@ PACK_VENV = Path(os.environ.get("JSR_PACK_VENV", VENV.parent / "pack-venv"))
 def test_a_pack_from_the_laptop_is_built_once_unpacked_on_each_node_and_reused(tmp_path, testbed):
     python = PACK_VENV / "bin" / "python"
     if not (PACK_VENV / ".jsr-ready").is_file():
-        pytest.fail(f"{PACK_VENV} is missing: run scripts/setup (it makes it)", pytrace=False)
+        pytest.fail(
+            f"{PACK_VENV} is missing: run scripts/pack-venv (scripts/setup --tests runs it)",
+            pytrace=False,
+        )
     laptop = os.environ["JSR_LAPTOP_NETNS"]
     session = ["nsenter", f"--net={laptop}", str(python), "-m", "tests.helpers.laptop_pack"]
     result = subprocess.run(

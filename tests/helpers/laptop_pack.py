@@ -1,6 +1,6 @@
 """A laptop-side session with ``environment = "pack"``: two ups in a row over SSH, timed.
 
-Run by tests/test_packs.py with the pack venv's Python (scripts/setup makes it: Ray and the
+Run by tests/test_packs.py with the pack venv's Python (scripts/pack-venv makes it: Ray and the
 module jsr_pack_marker, which only that venv has) inside the host ("laptop") network namespace,
 as ``python -m tests.helpers.laptop_pack STATE_DIR``. The first up finds no archive anywhere
 (they are removed first), the second reuses all. Prints one JSON object with what it saw.
