@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
-from .localjobs import scheduler_for, script_options
+from .errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
+from .localjobs import run_program, scheduler_for, script_options
 from .naming import HERE_JOB_ID
 from .slurm import JobInfo, SlurmClient, is_script_text
 from .transport import Transport
@@ -278,13 +278,7 @@ class HereSteps(SlurmClient):
     async def _sh(self, program: str, *args: str) -> str:
         self.commands_run += 1
         argv = ["sh", "-c", program, "jsr-here", *args]
-        try:
-            result = await self.transport.run(argv, timeout=self.timeout)
-        except CommandError as exc:
-            raise SlurmError(f"--here: {exc.stderr.strip() or exc}") from None
-        except TransportError as exc:
-            raise SlurmUnavailable(f"--here: {exc}") from None
-        return result.stdout
+        return await run_program(self.transport, argv, "--here", self.timeout)
 
     # -- submit / cancel ----------------------------------------------------------------------
     async def submit(self, script: str, *, timeout: float = 60.0) -> str:

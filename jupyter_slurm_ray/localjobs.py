@@ -170,6 +170,18 @@ kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
 """.replace("__STATE__", STATE_DIR)
 
 
+async def run_program(transport: Transport, argv: list[str], what: str, timeout: float) -> str:
+    """The output of a scheduler's own shell program (``argv``); its failure as Slurm's,
+    named by ``what`` (``local mode``, ``--here``)."""
+    try:
+        result = await transport.run(argv, timeout=timeout)
+    except CommandError as exc:
+        raise SlurmError(f"{what}: {exc.stderr.strip() or exc}") from None
+    except TransportError as exc:
+        raise SlurmUnavailable(f"{what}: {exc}") from None
+    return result.stdout
+
+
 def is_local_job_id(job_id: str) -> bool:
     """``local-<pid>``: the id of a local-mode job."""
     return job_id.startswith("local-") and job_id[len("local-") :].isdigit()
@@ -229,13 +241,7 @@ class LocalJobs(SlurmClient):
     async def _sh(self, program: str, *args: str, timeout: float | None = None) -> str:
         self.commands_run += 1
         argv = ["bash", "-c", program, "jsr-local", *args]
-        try:
-            result = await self.transport.run(argv, timeout=timeout or self.timeout)
-        except CommandError as exc:
-            raise SlurmError(f"local mode: {exc.stderr.strip() or exc}") from None
-        except TransportError as exc:
-            raise SlurmUnavailable(f"local mode: {exc}") from None
-        return result.stdout
+        return await run_program(self.transport, argv, "local mode", timeout or self.timeout)
 
     # -- submit / cancel --------------------------------------------------------------------
     async def submit(self, script: str, *, timeout: float = 60.0) -> str:
