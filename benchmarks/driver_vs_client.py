@@ -174,7 +174,7 @@ def one_run(mode: str | None, work: Path, options: argparse.Namespace, index: in
 def kernel(options: argparse.Namespace) -> None:
     work = Path(options.kernel)
     runs: list[dict] = []
-    modes: tuple[str | None, ...] = (None,) if options.before else MODES
+    modes: tuple[str | None, ...] = (None,) if options.before else tuple(options.modes)
     for index in range(options.repeats):
         for mode in modes:
             runs.append(one_run(mode, work, options, index))
@@ -193,7 +193,7 @@ def submit(options: argparse.Namespace) -> tuple[str, Path]:
     argv = [
         sys.executable, str(HERE), "--kernel", str(work), "--repeats", str(options.repeats),
         "--nodes", str(options.nodes), "--object-store", options.object_store,
-        "--poll-interval", str(options.poll_interval),
+        "--poll-interval", str(options.poll_interval), "--modes", *options.modes,
     ]  # fmt: skip
     if options.deps:
         argv += ["--deps", options.deps]
@@ -293,6 +293,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument(
+        "--modes", nargs="+", choices=("driver", "client", "auto"), default=list(MODES),
+        help="the connect settings to run, interleaved (auto: the default's own choice)",
+    )  # fmt: skip
     parser.add_argument("--object-store", default="1500M", help="object_store_memory per node")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="the cluster's")
     parser.add_argument("--deps", default="/tmp/jsr-driver-tune", help="ray[tune]'s packages")
