@@ -12,7 +12,9 @@ the test user, and prints the figures when it is done):
 
 Ray Tune and Train need ``ray[tune]``'s packages (pandas, pyarrow, fsspec, tensorboardX, numpy)
 on the kernel's and the nodes' path: ``--deps DIR`` (a ``pip install --target`` directory every
-user can read) is put first on both. ``--before CHECKOUT`` runs the same kernel with another
+user can read; default ``/tmp/jsr-driver-tune``, made with ``pip install --target DIR pandas
+pyarrow fsspec tensorboardX numpy``) is put first on both; without it Tune and Train report
+their import error. ``--before CHECKOUT`` runs the same kernel with another
 checkout of the package first on its path, Ray Client only: the figures before a change.
 """
 
