@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ClusterPanel"]
 
 _LABEL = {"description_width": "7em"}
+_CONNECT_HELP = ClusterSpec.__dataclass_fields__["connect"].metadata["help"]
 _WIDE = widgets.Layout(width="34em")
 _NARROW = widgets.Layout(width="16em")
 
@@ -115,6 +116,13 @@ class ClusterPanel(widgets.VBox):
         self.memory = text("memory/node", "e.g. 16G")
         self.walltime = text("walltime", "e.g. 1:00:00")
         self.name = text("name", "ray")
+        self.connect_mode = widgets.Dropdown(
+            description="connect",
+            options=[("auto", "auto"), ("Ray driver", "driver"), ("Ray Client", "client")],
+            style=_LABEL,
+            layout=_NARROW,
+        )
+        self.connect_mode.tooltip = _CONNECT_HELP
         self.cpus.tooltip = "0: the partition's default"
         self.here = widgets.Checkbox(
             description="in this allocation (--here: Ray on its nodes, no new job)",
@@ -133,6 +141,7 @@ class ClusterPanel(widgets.VBox):
                 widgets.HBox([self.account, self.qos]),
                 widgets.HBox([self.nodes, self.cpus, self.gpus]),
                 widgets.HBox([self.memory, self.walltime, self.name]),
+                self.connect_mode,
             ]
         )
 
@@ -194,6 +203,7 @@ class ClusterPanel(widgets.VBox):
         self.walltime.value = spec.time or ""
         self.name.value = spec.name
         self.here.value = spec.mode == "here" and bool(_allocation_nodes())
+        self.connect_mode.value = spec.connect
 
     def _offer_accounts(self, wanted: str | None = None) -> None:
         """The user's accounts, the default selected (or ``wanted``, e.g. a profile's)."""
@@ -240,6 +250,7 @@ class ClusterPanel(widgets.VBox):
             "mem_per_node": self.memory.value.strip() or None,
             "time": self.walltime.value.strip() or None,
             "name": self.name.value.strip() or None,
+            "connect": self.connect_mode.value,
         }
         spec, _ = resolve_spec(arguments, profile=self.profile.value, config=self.session.config)
         check_spec(spec.require_complete(), self.partitions, self.accounting)
