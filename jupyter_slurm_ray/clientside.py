@@ -162,7 +162,7 @@ class ClientSide:
             first = str(exc).splitlines()[0]
             return ConnectMode(CLIENT, f"auto: {first}")
         failure = await nodes_reach(
-            self.transport, job_id, spec.nodes, ready.ip, ready.node_manager_port
+            self.transport, job_id, spec.nodes, ready.ip, ready.node_manager_port, spec.here_nodes
         )
         if failure:
             await self._stop_driver()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SlurmRayError
+from .heresteps import allocation_of, is_here_job_id
 from .spec import ClusterSpec
 from .transport import Transport
 
@@ -89,7 +90,7 @@ class KernelPlace:
 def driver_obstacle(spec: ClusterSpec, job_dir: str, place: KernelPlace) -> str | None:
     """Why this kernel cannot be a Ray node of the cluster of ``job_dir`` (None: it may, if
     the nodes reach it). Told in words for the status line."""
-    in_allocation = bool(getattr(spec, "here", False))  # `up --here`: the kernel's own job
+    in_allocation = spec.mode == "here"  # `up --here`: the kernel's own allocation
     if spec.mode == "local":
         return "local mode: the head runs on this machine"
     if not in_allocation and place.on_cluster_network() is None:
@@ -109,14 +110,17 @@ def job_dir_obstacle(job_dir: str) -> str | None:
 
 
 async def nodes_reach(
-    transport: Transport, job_id: str, nodes: int, ip: str, port: int
+    transport: Transport, job_id: str, nodes: int, ip: str, port: int, hosts: str | None = None
 ) -> str | None:
-    """None once every node of the job's allocation connected to ``ip:port`` (one ``srun
-    --overlap`` step, a task per node); else which did not, or why the step failed."""
+    """None once every node of the job's allocation (or ``hosts`` of it) connected to
+    ``ip:port`` (one ``srun --overlap`` step, a task per node); else which did not, or why the
+    step failed. ``job_id`` is a Slurm job's, or a ``--here`` cluster's (its allocation's)."""
+    allocation = allocation_of(job_id) if is_here_job_id(job_id) else job_id
+    where = [f"--nodelist={hosts}"] if hosts else []
     argv = [
-        "srun", f"--jobid={job_id}", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
-        "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "-c", _PROBE, "jsr-reach",
-        ip, str(port),
+        "srun", f"--jobid={allocation}", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
+        *where, "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "-c", _PROBE,
+        "jsr-reach", ip, str(port),
     ]  # fmt: skip
     try:
         result = await transport.run(argv, timeout=REACH_TIMEOUT, check=False)

@@ -138,6 +138,7 @@ def test_up_here_runs_a_task_on_each_host_and_down_leaves_the_allocation(noteboo
     assert job_id.startswith(f"here-{notebook.job_id}-")
     assert up["hosts"] == ["node1", "node2", "node3"]  # a task ran on each node
     assert up["here_nodes"] == "node1,node2,node3"  # the kernel's node is the head
+    assert up["connect"][0] == "driver", up["connect"]  # auto: a kernel in the allocation
     assert len(steps_named(notebook.job_id, job_id)) == 2  # the head's step, the workers'
     assert len(processes_of(job_dir)) > 10
 

@@ -49,7 +49,8 @@ def one_task_per_node() -> list[str]:
     def where() -> str:
         return socket.gethostname()
 
-    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    # the cluster's nodes: not the kernel's own Ray node of driver mode (no slurm_ray_node)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "slurm_ray_node" in n["Resources"]]
     refs = [where.options(scheduling_strategy=Affinity(n, soft=False)).remote() for n in nodes]
     return sorted(ray.get(refs, timeout=120))
 
@@ -101,6 +102,8 @@ def main() -> None:
                 cluster = SlurmRayCluster(spec, LocalTransport(), registry=registry)
                 cluster.up()
                 where = {"job_dir": cluster.job_dir, "here_nodes": cluster.spec.here_nodes}
+                status = cluster.status
+                where |= {"connect": [status.connect_mode, status.connect_reason]}
                 hosts = one_task_per_node()
                 report(action, n=asked, job_id=cluster.job_id, hosts=hosts, **where)
             elif action == "ping":
