@@ -129,3 +129,66 @@ def test_the_cause_names_tasks_and_groups():
 def recorded(name: str) -> RayView:
     body = json.loads((RECORDED / f"{name}.json").read_text())
     return parse_cluster_status(body["data"])
+
+
+def test_a_recorded_pending_strict_spread_group_with_actors_waiting_for_it():
+    """3 × {CPU 0.5, GPU 1} on a 1-node cluster of 1 CPU, 2 GPUs, an actor waiting per bundle:
+    the actors' demand names the group's own resources and is left out; the head holds one
+    bundle, each other one a worker job of its own."""
+    view = recorded("pending-strict-spread-with-actors")
+    assert view.demand == ()
+    assert view.groups == (group("STRICT_SPREAD", {"CPU": 0.5, "GPU": 1.0}),)
+    assert view.head_shape == Shape(1.0, 2.0, 24102699008.0)
+    assert view.room == {"10.200.0.11": {"CPU": 1.0, "GPU": 2.0, "memory": 24102699008.0}}
+    assert view.busy == {"10.200.0.11": False}
+    decision = decide(SETTINGS, 1, view.head_shape, view.demand, [], groups=view.groups,
+                      room=view.room)  # fmt: skip
+    assert (decision.submit, decision.reports) == (2, ())
+    assert decision.cause == "placement group STRICT_SPREAD of 3 × {CPU: 0.5, GPU: 1} pending"
+    (spread,) = view.groups
+    packed = PlacementDemand("PACK", spread.bundles)
+    assert nodes_for((), view.head_shape, [packed], view.room.values()) == 1  # not enough
+    two_at_most = AdaptSettings(1, 2, 5.0, 2)
+    decision = decide(two_at_most, 1, view.head_shape, view.demand, [], groups=view.groups,
+                      room=view.room)  # fmt: skip
+    assert decision.submit == 0
+    assert "needs a node of its own, at most 2" in decision.reports[0][1]
+
+
+def test_a_recorded_pending_pack_group_and_task_beside_a_placed_group():
+    """A placed group holds half the head's CPU and one GPU (an actor on half of it); then a
+    PACK group of 2 × {CPU 0.25, GPU 1} and a task of 2 GPUs wait: the head's free GPU takes
+    one bundle, the task a new node, the other bundle another."""
+    view = recorded("pending-pack-and-a-task-beside-a-placed-group")
+    assert view.demand == (({"CPU": 1.0, "GPU": 2.0}, 1),)
+    assert view.groups == (group("PACK", {"CPU": 0.25, "GPU": 1.0}, 2),)
+    assert view.room["10.200.0.11"] == {"CPU": 0.5, "GPU": 1.0, "memory": 24102699008.0}
+    assert view.busy == {"10.200.0.11": True}
+    shape = view.head_shape
+    assert shape is not None
+    assert nodes_for(view.demand, shape, view.groups, view.room.values()) == 2
+    assert nodes_for(view.demand, shape, view.groups) == 2  # no room: the bundles share a node
+    decision = decide(SETTINGS, 1, shape, view.demand, [], groups=view.groups, room=view.room)
+    assert decision.submit == 2
+    assert decision.cause == (
+        "1 pending task/actors need 1 CPU, 2 GPU; "
+        "placement group PACK of 2 × {CPU: 0.25, GPU: 1} pending"
+    )
+
+
+def test_a_recorded_strict_pack_group_larger_than_a_node_is_reported():
+    view = recorded("pending-strict-pack-larger-than-a-node")
+    assert view.groups == (group("STRICT_PACK", {"CPU": 0.25, "GPU": 1.0}),)
+    assert view.head_shape is not None
+    decision = decide(SETTINGS, 1, view.head_shape, view.demand, [], groups=view.groups,
+                      room=view.room)  # fmt: skip
+    assert decision.submit == 0
+    assert [message for _, message in decision.reports] == [
+        "placement group STRICT_PACK of 3 × {CPU: 0.25, GPU: 1} can never be placed: "
+        "a worker node has 2 GPU, not 3"
+    ]
+
+
+def test_a_recorded_quiet_cluster_waits_for_nothing():
+    view = recorded("nothing-pending")
+    assert not view.waiting and view.busy == {"10.200.0.11": False}
