@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -65,6 +65,7 @@ __all__ = ["ClusterTimeout", "SlurmRayCluster"]
 Observer = Callable[[Status], None]
 
 _owned: weakref.WeakSet[SlurmRayCluster] = weakref.WeakSet()  # cancelled at exit
+_QUEUED = (State.SUBMITTING, State.PENDING)
 
 
 class SlurmRayCluster(ClusterAdapting, ClusterScaling):
@@ -93,9 +94,11 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         steady_poll_interval: float = 15.0,
         submit_timeout: float = 60.0,
         process: ProcessIdentity | None = None,
+        driver_hosts: Sequence[str] | None = None,
     ) -> None:
         """``process``: whose cluster object this is (default: this process's); the fast
-        tests model a second kernel with it."""
+        tests model a second kernel with it. ``driver_hosts``: ``SlurmRay.driver_hosts``
+        (None: from its environment variable)."""
         self.spec = spec
         self.transport = transport or LocalTransport()
         if spec.mode == "local":  # processes of this machine instead of a Slurm job
@@ -115,7 +118,9 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self._observers: list[Observer] = []
         self._follower = JobFollower()
         self._changed: asyncio.Event | None = None
-        self._client = ClientSide(self.transport, self.registry, self.id, self._save_record)
+        self._client = ClientSide(
+            self.transport, self.registry, self.id, self._save_record, driver_hosts
+        )
         self.workers = WorkerJobs(self.transport, self.slurm, self.id, spec)
         self._events_seen = 0  # events looked at for worker jobs and scale requests
         self._owning_since = float("inf")  # scale requests made after this are applied
@@ -202,6 +207,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         *,
         registry: Registry | None = None,
         process: ProcessIdentity | None = None,
+        driver_hosts: Sequence[str] | None = None,
     ) -> SlurmRayCluster:
         """Rebuild a cluster object from its registry record (see :meth:`attach_async`): it
         reads, and may stop the cluster, but neither owns nor observes it until attached.
@@ -210,7 +216,14 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         never from the record.
         """
         spec = ClusterSpec.from_mapping(record.spec) if record.spec else ClusterSpec()
-        cluster = cls(spec, transport, registry=registry, cluster_id=record.id, process=process)
+        cluster = cls(
+            spec,
+            transport,
+            registry=registry,
+            cluster_id=record.id,
+            process=process,
+            driver_hosts=driver_hosts,
+        )
         cluster.ownership.know_record(record)
         cluster.job_dir = record.job_dir or None
         cluster._detached = record.detached
@@ -313,17 +326,21 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             raise SpecError("until", until, "'ready' (every node) or 'head'")
         limits = {"queue_timeout": queue_timeout, "start_timeout": start_timeout}
         follower = self._follower
-        await wait_until(self, lambda s: follower.events.head_ready or s.state.is_up, **limits)
-        connecting = (
-            asyncio.ensure_future(self.connect_async(timeout=connect_timeout)) if connect else None
-        )
+        preparing = asyncio.ensure_future(self._prepare_connect()) if connect else None
+        connecting = None
         try:
+            await wait_until(self, lambda s: follower.events.head_ready or s.state.is_up, **limits)
+            if connect:
+                connecting = asyncio.ensure_future(self.connect_async(timeout=connect_timeout))
             if until == "ready":
                 await self.wait_ready_async(**limits)
         except BaseException:
+            if preparing is not None:
+                preparing.cancel()
             if connecting is not None:  # the connect runs in a thread: let it end, then undo it
                 with contextlib.suppress(Exception):
                     await connecting
+            if connect:
                 await self.disconnect_async()
             raise
         if connecting is not None:
@@ -346,17 +363,40 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     wait_ready = blocking(wait_ready_async)
 
-    async def connect_async(self, timeout: float = 30.0, attempts: int = 3) -> None:
-        """Connect this kernel with Ray Client (through SSH forwards when remote)."""
+    async def _prepare_connect(self) -> None:
+        """While ``up`` waits: ``import ray`` now, and once the job runs, start choosing how
+        to connect (driver mode: this host's Ray node joins as soon as the head's GCS is
+        verified, before the head answers)."""
+        self._client.import_ray_ahead()
+        with contextlib.suppress(SlurmRayError):
+            status = await wait_until(self, lambda s: s.state not in _QUEUED)
+            if status.job_id is None or status.state.is_final:
+                return
+            self._client.prepare(self._job_dir(), self.spec, status.job_id)
+            follower = self._follower
+            if await self._client.head_answers(self._job_dir(), lambda: follower.events.head_ready):
+                watcher_for(self.transport).poll_soon()  # its events now, not at the next tick
+
+    async def connect_async(
+        self, timeout: float = 30.0, attempts: int = 3, mode: str | None = None
+    ) -> None:
+        """Connect this kernel: as a Ray driver through a Ray node of this host, or with Ray
+        Client (through SSH forwards when remote), as ``mode`` (else ``spec.connect``) says."""
         if not (self._status.state.is_up or self._follower.events.head_ready):
             raise ConnectError(f"cluster {self.spec.name} is {self._status.describe()}, not READY")
-        await self._client.connect(self._job_dir(), timeout, attempts)
+        if mode is not None:
+            self.spec.replace(connect=mode)  # checked as the setting is
+        job_id = self._status.job_id or ""
+        await self._client.connect(
+            self._job_dir(), self.spec, job_id, timeout=timeout, attempts=attempts, setting=mode
+        )
         self._update_state()
 
     connect = blocking(connect_async)
 
     async def disconnect_async(self) -> None:
-        if self._client.connected:
+        """Disconnect this kernel; in driver mode this host's Ray node stops too."""
+        if self._client.active:
             await self._client.disconnect()
             self._update_state()
 
@@ -555,6 +595,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             with contextlib.suppress(SlurmRayError):  # the record then has the head's address
                 await self._client.load_connection(self._job_dir())
         self._update_state(answer.job, log_tail)
+        if self._changed is not None:  # `up` waits on the events too (head_ready, ready)
+            self._changed.set()
         if self._status.state.is_final:
             self.lease.release()
             if self.owned_here:
@@ -578,6 +620,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             worker_jobs=self.workers.views(),
             scaling=self._scaling_lines(),
             ownership=self.ownership.note(),
+            connect_mode=self._client.mode.mode if self._client.mode else None,
+            connect_reason=self._client.mode.reason if self._client.mode else None,
         )
         if status.state.is_final and self._client.connected:
             self._client.lost()

@@ -176,6 +176,12 @@ class SlurmRay(_ClusterSettings):
         "Run Slurm commands through this argv prefix, e.g. a site wrapper or "
         "['runuser', '-u', 'alice', '--'] (local Slurm only).",
     )
+    driver_hosts = _trait(
+        "lines",
+        "Host name patterns (fnmatch: 'login*') of machines outside Slurm jobs that are on "
+        "the cluster's network, where connect = 'auto' may choose driver mode, e.g. login "
+        "nodes that are cluster nodes; inside a Slurm job it may anyway.",
+    )
 
     @validate(*POSITIVE_SETTINGS)
     def _positive_seconds(self, proposal: Any) -> Any:
@@ -203,7 +209,7 @@ _OWN_TRAITS = {
 }
 _FLOATS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Float))
 _INTS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Int))
-_ARGV_LISTS = frozenset({"command_prefix", "extra_sbatch", "ray_start_args"})
+_ARGV_LISTS = frozenset({"command_prefix", "driver_hosts", "extra_sbatch", "ray_start_args"})
 
 
 def env_name(setting: str) -> str:

@@ -1,10 +1,14 @@
-"""Connecting this Python process to a cluster with Ray Client: preflight, token, bounded retries.
+"""Connecting this Python process to a cluster: with Ray Client (preflight, token, bounded
+retries), or as an ordinary Ray driver through this host's own Ray node (driver mode,
+``drivernode.py``).
 
-Ray Client needs the same Ray version and the same Python minor version on both sides; this is
+Both need the same Ray version and the same Python minor version on both sides; this is
 checked before connecting so the user gets a clear error instead of a gRPC failure. About one
-connect in twelve fails with "Starting Ray client server failed" (ray#63202): that one is
-retried a bounded number of times with a shortened timeout. The channel never goes through a
-proxy (``direct_ray_client_channel``): the token travels in its metadata.
+Ray Client connect in twelve fails with "Starting Ray client server failed" (ray#63202): that
+one is retried a bounded number of times with a shortened timeout. The channel never goes
+through a proxy (``direct_ray_client_channel``): the token travels in its metadata.
+``import ray`` costs seconds in a notebook's environment: ``import_ray`` pays it ahead, while
+the job waits in the queue.
 """
 
 from __future__ import annotations
@@ -116,19 +120,39 @@ def preflight(info: ConnectionInfo) -> None:
     raise ConnectError(
         f"version mismatch: the cluster runs Ray {info.ray_version} on Python "
         f"{info.python_version}, this kernel has Ray {ray_here} on Python {python_here}. "
-        "Ray Client needs the same Ray version and the same Python minor version on both sides: "
+        "Ray Client and a Ray driver need the same Ray version and the same Python minor "
+        "version on both sides: "
         f"install ray[default]=={info.ray_version} with Python "
         f"{'.'.join(info.python_version.split('.')[:2])} in this kernel's environment, or point "
         "the cluster's setup lines / python at an environment matching this kernel."
     )
 
 
-def set_client_environment(token_path: str, timeout: float) -> None:
-    """Token auth and a bounded connect timeout for Ray Client in this process."""
+def import_ray() -> None:
+    """Import what connecting imports (ray, Ray Client's modules), in whichever thread calls
+    it: 2 s in a notebook's environment, paid while the job waits rather than after the head
+    answers. Nothing when ray is missing (``preflight`` says so when it matters)."""
+    started = time.monotonic()
+    try:
+        import ray
+        import ray.util.client.worker  # noqa: F401
+    except Exception as exc:  # a broken install: the connect itself will say how
+        log.debug("ray not imported ahead: %s", exc)
+        return
+    log.debug("ray imported ahead in %.2f s", time.monotonic() - started)
+
+
+def set_token_environment(token_path: str) -> None:
+    """Token auth with this cluster's token for Ray in this process."""
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = token_path
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def set_client_environment(token_path: str, timeout: float) -> None:
+    """Token auth and a bounded connect timeout for Ray Client in this process."""
+    set_token_environment(token_path)
     seconds = str(max(1, int(timeout)))
     # Ray Client tries 3 times with a backoff (5 s, 10 s, …) capped at this maximum.
     os.environ["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = seconds
@@ -186,6 +210,38 @@ def connect_ray_client(
     ) from None
 
 
+def connect_driver(gcs_address: str, token_path: str, *, node_ip: str, temp_dir: str) -> Any:
+    """``ray.init(address=<GCS>)`` as an ordinary driver, through this host's own Ray node
+    (the one at ``node_ip`` whose temp dir is ``temp_dir``: other nodes may share the host),
+    with token auth. Blocking: call it off the event loop.
+
+    Only once that node joined the cluster at ``gcs_address``: a driver started toward a
+    wrong address waits for many minutes.
+    """
+    set_token_environment(token_path)
+    _reload_ray_auth_settings()
+    import ray
+
+    _forbid_auto_init()
+    started = time.monotonic()
+    try:
+        with _quiet_thread_warning():
+            context = ray.init(
+                address=gcs_address,
+                _node_ip_address=node_ip,
+                _temp_dir=temp_dir,
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+            )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        _shutdown_quietly()
+        raise ConnectError(
+            f"could not connect to the Ray cluster at {gcs_address} as a driver: {exc}"
+        ) from None
+    log.info("connected to %s as a driver in %.1f s", gcs_address, time.monotonic() - started)
+    return context
+
+
 def direct_ray_client_channel() -> None:
     """Ray Client's gRPC channel in this process goes straight to the address it is given.
 
@@ -221,6 +277,10 @@ def _quiet_thread_warning() -> Iterator[None]:
 
 
 def disconnect_ray_client() -> None:
+    _shutdown_quietly()
+
+
+def disconnect_driver() -> None:
     _shutdown_quietly()
 
 

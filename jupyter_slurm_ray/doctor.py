@@ -17,11 +17,14 @@ import json
 import os
 import secrets
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from . import packs
 from .accounting import load_accounting
+from .config import effective_setting
 from .connect import local_versions
+from .connectmode import KernelPlace, driver_reach_plan, driver_reach_verdict
 from .doctor_job import NodeReport, run_test_job
 from .doctor_report import Check, Report
 from .errors import SlurmRayError, SpecError, TransportError
@@ -49,9 +52,14 @@ async def run_doctor(
     *,
     queue_timeout: float = 120.0,
     server_extension_running: bool = False,
+    driver_hosts: Sequence[str] | None = None,
 ) -> Report:
-    """Every check, the test job included (always cancelled); never raises for a failed check."""
+    """Every check, the test job included (always cancelled); never raises for a failed check.
+
+    ``driver_hosts``: ``SlurmRay.driver_hosts`` (None: its environment variable's)."""
     report = Report(target=transport.target)
+    hosts = driver_hosts if driver_hosts is not None else effective_setting("driver_hosts")[0]
+    not_driver = driver_reach_plan(spec, KernelPlace.here(hosts or ()))
     add = report.checks.append
     ssh_ok = await _check_ssh(transport, add)
     partitions = await _check_slurm(transport, add) if ssh_ok else None
@@ -77,6 +85,7 @@ async def run_doctor(
                 probe_dir=probe_dir,
                 exported=site.exported,
                 queue_timeout=queue_timeout,
+                reach_back=not_driver is None,
             )
         finally:
             if probe_dir is not None:
@@ -95,10 +104,14 @@ async def run_doctor(
     add(_python_check(node, python_said, login_verdict, spec.container))
     add(_ray_check(spec, node))
     add(_address_check(spec, node))
+    verdict = driver_reach_verdict(
+        not_driver, node.node, node.reached_back, node.reach_back_where, node.reach_back_error
+    )
+    add(_check("driver", *verdict))
     add(extensions_check(server_extension_running))
     order = [
         "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
-        "extensions",
+        "driver", "extensions",
     ]  # fmt: skip
     report.checks.sort(key=lambda check: order.index(check.name))
     return report
@@ -114,6 +127,7 @@ _TITLES = {
     "python": "The cluster's Python runs on a node",
     "ray": "Ray on the node matches this kernel",
     "address": "The node's address is reachable",
+    "driver": "The nodes reach this kernel (driver mode)",
     "extensions": "JupyterLab and server extensions",
 }
 

@@ -11,7 +11,9 @@ the login side itself, so every check reports even when another one fails:
    ``import ray`` took, and the address the bootstrap would choose (its own code, shipped in
    the program) with a free port of ``port_range``;
 2. *listen*: the node listens on that address and port while the login side connects to it
-   (through the transport's forward: directly on the login node, tunnelled over SSH).
+   (through the transport's forward: directly on the login node, tunnelled over SSH);
+3. with ``reach_back`` (driver mode is possible here): the other way, the node connects to a
+   listener of this process on a port of ``port_range`` (``connectmode.node_reaches_kernel``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from .connectmode import node_reaches_kernel
 from .errors import SlurmError, SlurmRayError, TransportError
 from .jobscript import env_section, setup_section
 from .slurm import SlurmClient
@@ -159,6 +162,9 @@ class NodeReport:
     login_saw_node_file: bool | None = None
     reached: bool | None = None
     reach_error: str | None = None
+    reached_back: bool | None = None  # the node reached this process (driver mode)
+    reach_back_where: str | None = None
+    reach_back_error: str | None = None
 
 
 def _bootstrap_sources() -> dict[str, str]:
@@ -226,6 +232,7 @@ async def run_test_job(
     exported: tuple[str, ...],
     queue_timeout: float = 120.0,
     step_timeout: float = 120.0,
+    reach_back: bool = False,
 ) -> NodeReport:
     """Submit the test job, run its two steps, and cancel it whatever happens.
 
@@ -260,6 +267,12 @@ async def run_test_job(
         report.login_saw_node_file = text is not None and text.strip() == _node_nonce(probe_dir)
         if report.python.get("address") and report.python.get("port"):
             await _listen_step(transport, spec, report, python_argv, exported)
+        if reach_back and report.python.get("address"):
+            where, error = await node_reaches_kernel(
+                transport, report.job_id, str(report.python["address"]), spec.port_range
+            )
+            report.reached_back, report.reach_back_where = error is None, where
+            report.reach_back_error = error
         return report
     finally:
         if report.job_id is not None:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .usage import Usage
 
 __all__ = [
+    "connection_text",
     "extension_line",
     "format_bytes",
     "format_duration",
@@ -100,7 +101,18 @@ def status_line(
         parts.append(status.notice)
     if status.ownership and not status.state.is_final:
         parts.append(status.ownership)
+    connection = connection_text(status)
+    if connection:
+        parts.append(connection)
     return " · ".join(parts)
+
+
+def connection_text(status: Status) -> str | None:
+    """``Ray driver (auto: …)`` or ``Ray Client (…)`` while connected, else None."""
+    if status.state is not State.CONNECTED or not status.connect_mode:
+        return None
+    label = "Ray driver" if status.connect_mode == "driver" else "Ray Client"
+    return f"{label} ({status.connect_reason})" if status.connect_reason else label
 
 
 def scaling_text(status: Status) -> str | None:

@@ -194,7 +194,7 @@ class JobDir:
         if node is not None:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", node):
                 raise SlurmRayError(f"node: {node!r} is not a host name")
-            names = [f"logs/ray-head-{node}.log", f"logs/ray-worker-{node}.log"]
+            names = [f"logs/ray-{role}-{node}.log" for role in ("head", "worker", "driver")]
         else:
             names = [f"slurm-{job_id}.out", f"slurm-{job_id}.err"] if job_id else []
         parts = []

@@ -59,6 +59,7 @@ _SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--container-runtime",), "container_runtime"),
     (("--environment",), "environment"),
     (("--worker-rotation",), "worker_rotation"),
+    (("--connect",), "connect"),
 )
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(ClusterSpec)}
 

@@ -92,6 +92,9 @@ class ClusterRecord:
     worker_jobs: list[dict[str, Any]] = field(default_factory=list)
     # the last scaling decisions with their cause (adapt's settings first while it runs)
     scaling: list[str] = field(default_factory=list)
+    # how the connected kernel connects ("driver" or "client") and why (connectmode.py)
+    connect_mode: str | None = None
+    connect_reason: str | None = None
     spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
@@ -196,6 +199,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "detached": (bool,),
     "worker_jobs": (list,),
     "scaling": (list,),
+    "connect_mode": _OPTIONAL_STR,
+    "connect_reason": _OPTIONAL_STR,
     "spec": (dict,),
     "created_at": (int, float),
     "updated_at": (int, float),

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .formatting import (
+    connection_text,
     format_duration,
     scaling_text,
     status_line,
@@ -109,6 +110,9 @@ def _rows(cluster: SlurmRayCluster) -> Iterable[tuple[str, str]]:
     yield from _scaling_rows(status)
     if status.job_id and not status.state.is_final:
         yield "owner", cluster.ownership.describe()
+    connection = connection_text(status)
+    if connection:
+        yield "connected as", connection
     request = [f"{spec.nodes} × {spec.cpus_per_node or 'default'} CPU"]
     if spec.gpus_per_node:
         request.append(f"{spec.gpus_per_node} GPU per node")

@@ -57,6 +57,7 @@ class Session:
             poll_interval=float(self.setting("poll_interval", 1.0)),
             steady_poll_interval=float(self.setting("steady_poll_interval", 15.0)),
             submit_timeout=float(self.setting("submit_timeout", 60.0)),
+            driver_hosts=self.setting("driver_hosts", ()),
         )
 
     def adopt(self, cluster: SlurmRayCluster) -> SlurmRayCluster:
@@ -88,7 +89,12 @@ class Session:
         if record is None:
             known = ", ".join(f"{r.name} ({r.id}, job {r.job_id})" for r in registry.all())
             raise SlurmRayError(f"no cluster {key!r} in {registry.path}; known: {known or 'none'}")
-        return SlurmRayCluster.from_record(record, self.transport(record.target), registry=registry)
+        return SlurmRayCluster.from_record(
+            record,
+            self.transport(record.target),
+            registry=registry,
+            driver_hosts=self.setting("driver_hosts", ()),
+        )
 
     def forget(self, cluster: SlurmRayCluster) -> None:
         self.clusters.pop(cluster.id, None)

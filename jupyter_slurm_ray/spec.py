@@ -96,6 +96,17 @@ class ClusterSpec:
         "'slurm' (a Slurm job) or 'local' (Ray as processes of this machine, one node, through "
         "the same bootstrap: for a laptop, a tutorial, CI; the magic's --local).",
     )
+    connect: str = _setting(
+        "auto",
+        choice("auto", "client", "driver"),
+        "text",
+        "How this kernel connects: 'driver' (its host joins the cluster as a Ray node that runs "
+        "no tasks, and the kernel is an ordinary Ray driver: Ray Train, Tune and Data, large "
+        "objects and long runs work as on the cluster itself), 'client' (Ray Client, through "
+        "the head) or 'auto': driver when the kernel runs in a Slurm job (or on a host "
+        "driver_hosts names) with the cluster's job dir on its filesystem and the nodes reach "
+        "it, Ray Client otherwise (a laptop over SSH, a login node).",
+    )
     # -- what to ask Slurm for --------------------------------------------------------------
     time: str | None = _setting(
         None,

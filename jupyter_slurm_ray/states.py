@@ -108,6 +108,9 @@ class Status:
     # Who owns the cluster when this process does not (ownership.py): "observing; owned by
     # pid N on host", "taken over: owned by …"; None for the owner.
     ownership: str | None = None
+    # How the connected process connects (connectmode.py): "driver" or "client", and why.
+    connect_mode: str | None = None
+    connect_reason: str | None = None
 
     @property
     def worker_jobs_pending(self) -> tuple[WorkerJobStatus, ...]:
@@ -145,6 +148,8 @@ def status_of_record(record: Any) -> Status:
         time_left=record.time_left,
         slurm_unreachable_since=record.slurm_unreachable_since,
         scaling=tuple(line for line in record.scaling if isinstance(line, str)),
+        connect_mode=record.connect_mode,
+        connect_reason=record.connect_reason,
         worker_jobs=tuple(
             WorkerJobStatus(
                 str(job.get("job_id")),
@@ -181,6 +186,8 @@ def record_fields(status: Status) -> dict[str, Any]:
         "time_left": status.time_left,
         "slurm_unreachable_since": status.slurm_unreachable_since,
         "scaling": list(status.scaling),
+        "connect_mode": status.connect_mode,
+        "connect_reason": status.connect_reason,
     }
 
 

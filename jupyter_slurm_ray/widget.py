@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ClusterPanel"]
 
 _LABEL = {"description_width": "7em"}
+_CONNECT_HELP = ClusterSpec.__dataclass_fields__["connect"].metadata["help"]
 _WIDE = widgets.Layout(width="34em")
 _NARROW = widgets.Layout(width="16em")
 
@@ -114,6 +115,13 @@ class ClusterPanel(widgets.VBox):
         self.memory = text("memory/node", "e.g. 16G")
         self.walltime = text("walltime", "e.g. 1:00:00")
         self.name = text("name", "ray")
+        self.connect_mode = widgets.Dropdown(
+            description="connect",
+            options=[("auto", "auto"), ("Ray driver", "driver"), ("Ray Client", "client")],
+            style=_LABEL,
+            layout=_NARROW,
+        )
+        self.connect_mode.tooltip = _CONNECT_HELP
         self.cpus.tooltip = "0: the partition's default"
         self.profile.observe(lambda change: self._fill(change["new"]), "value")
         self.account.observe(lambda change: self._offer_qos(change["new"]), "value")
@@ -125,6 +133,7 @@ class ClusterPanel(widgets.VBox):
                 widgets.HBox([self.account, self.qos]),
                 widgets.HBox([self.nodes, self.cpus, self.gpus]),
                 widgets.HBox([self.memory, self.walltime, self.name]),
+                self.connect_mode,
             ]
         )
 
@@ -177,6 +186,7 @@ class ClusterPanel(widgets.VBox):
         self.memory.value = f"{spec.mem_per_node}M" if spec.mem_per_node else ""
         self.walltime.value = spec.time or ""
         self.name.value = spec.name
+        self.connect_mode.value = spec.connect
 
     def _offer_accounts(self, wanted: str | None = None) -> None:
         """The user's accounts, the default selected (or ``wanted``, e.g. a profile's)."""
@@ -220,6 +230,7 @@ class ClusterPanel(widgets.VBox):
             "mem_per_node": self.memory.value.strip() or None,
             "time": self.walltime.value.strip() or None,
             "name": self.name.value.strip() or None,
+            "connect": self.connect_mode.value,
         }
         spec, _ = resolve_spec(arguments, profile=self.profile.value, config=self.session.config)
         check_spec(spec.require_complete(), self.partitions, self.accounting)

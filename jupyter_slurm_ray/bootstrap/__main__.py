@@ -1,4 +1,5 @@
-"""The entry point, ``python JOB_DIR/bootstrap head|worker JOB_DIR``; HELP describes the job dir."""
+"""The entry point, ``python JOB_DIR/bootstrap head|worker|workerjob|driver JOB_DIR``; HELP
+describes the job dir."""
 
 from __future__ import annotations
 
@@ -83,6 +84,16 @@ drain-node`: no new tasks; the raylet exits once idle), waits up to the drain ti
     worker_leaving       reason, ip: this node leaves on purpose (drain, head gone, lease)
     worker_draining      ip, node_id, accepted, timeout: Ray was asked to drain this node
 
+A driver (``python JOB_DIR/bootstrap driver JOB_DIR --owner-pid PID --ray RAY``, run by a
+notebook kernel on its own host, as its child: driver mode) makes that host a Ray node that
+runs no tasks (--num-cpus=0 --num-gpus=0, no slurm_ray_node: the head does not count it),
+with RAY, the kernel's own ray, its own port block and temp dir; once joined it prints one JSON
+line on stdout ({"driver": "ready", "ip", "temp_dir", "gcs_address", ...}) and the kernel
+connects as a Ray driver through it. It stops when PID is no longer its parent, on SIGTERM, or
+when head.json stays missing for 15 s. Its events (role driver):
+
+    driver_starting / driver_joined / driver_retry / driver_stopped / driver_failed
+
 Before reading bootstrap.json, the job dir and each parent must belong to this user or root
 and be writable by no one else, through their mode or an ACL (root's sticky dirs such as /tmp
 excepted), else: error. The same holds for the environment pack's directory.
@@ -107,15 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "role",
-        choices=["head", "worker", "workerjob"],
-        help="head: the batch step; worker: srun tasks; workerjob: a worker job's batch step",
+        choices=["head", "worker", "workerjob", "driver"],
+        help="head: the batch step; worker: srun tasks; workerjob: a worker job's batch step; "
+        "driver: a notebook kernel's host",
     )
     parser.add_argument(
         "job_dir", type=Path, help="the cluster's job dir (bootstrap.json, ray_token, ...)"
     )
+    parser.add_argument("--owner-pid", type=int, help="driver: stop once this is not the parent")
+    parser.add_argument("--ray", help="driver: the kernel's own `ray` command")
     args = parser.parse_args(argv)
     job_dir = args.job_dir.resolve()
     sys.dont_write_bytecode = True  # no __pycache__ in the job dir (every node imports these)
+    if args.role == "driver":
+        from driverrun import DriverRun
+
+        return DriverRun(job_dir, args.owner_pid, args.ray).run()
     from headrun import HeadRun
     from workerjob import WorkerJobRun
     from workerrun import WorkerRun

@@ -10,7 +10,7 @@ import shlex
 import shutil
 import tempfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dashhttp import grpc_exemptions
@@ -100,6 +100,8 @@ class NodePlan:
     cpus: int
     gpus: int
     object_store: int
+    # ours (slurm_ray_node, which the head counts) and the worker group's; none on a driver's
+    resources: dict[str, int] = field(default_factory=lambda: node_resources())
 
     def common_args(self, config: Config) -> list[str]:
         ports = self.block.ports
@@ -108,7 +110,7 @@ class NodePlan:
             f"--num-cpus={self.cpus}",
             f"--num-gpus={self.gpus}",
             f"--object-store-memory={self.object_store}",
-            f"--resources={json.dumps(node_resources())}",
+            f"--resources={json.dumps(self.resources)}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
             f"--node-manager-port={ports['node_manager']}",
@@ -166,10 +168,12 @@ def plan_node(
     toward: str | None,
     notify: Notify | None = None,
     avoid: tuple[tuple[int, int], ...] = (),
+    temp_name: str | None = None,
 ) -> NodePlan:
     """Claim this node's ports, find its address, and size it from the allocation.
 
-    notify(reason): the port lock or claims could not be used; avoid: blocks given up before.
+    notify(reason): the port lock or claims could not be used; avoid: blocks given up before;
+    temp_name: the temp dir's name (default: the job id; a driver's node has its own).
     """
     size = len(PORT_NAMES) + max(0, int(config.worker_ports))
     block = claim_port_block(
@@ -188,7 +192,7 @@ def plan_node(
         env = dict(os.environ)
         cpus = allocated_cpus(env)
         object_store = object_store_bytes(config.object_store_memory, env, cpus)
-        temp_dir = node_temp_dir(job_id(), host)
+        temp_dir = node_temp_dir(temp_name or job_id(), host)
     except BaseException:
         block.release()
         raise

@@ -25,6 +25,7 @@ class WorkerRun(NodeRun):
     """One task of the worker step: join the head, bounded by start_timeout, stop on SIGTERM."""
 
     role = "worker"
+    join_period = API_PERIOD  # how often wait_until_joined asks whether it joined (s)
 
     def main(self) -> str:
         self.load_config()
@@ -159,11 +160,16 @@ class WorkerRun(NodeRun):
                 reason = f"{self.plan.host} did not join the head at {address} within start_timeout"
                 raise BootstrapError(reason, process.tail())
             self.check_head_moved(head)
-            dashboard = self.head_dashboard(head)
-            if dashboard is not None and self.plan.ip in (dashboard.alive_nodes() or []):
+            if self.has_joined(head):
                 return None
-            time.sleep(API_PERIOD)
-        return f"signal {self.flags.stop}"
+            time.sleep(self.join_period)
+        return self.stop_reason()
+
+    def has_joined(self, head: dict[str, Any]) -> bool:
+        """This node is among the head's alive nodes (its dashboard, once head.json names it)."""
+        assert self.plan is not None
+        dashboard = self.head_dashboard(head)
+        return dashboard is not None and self.plan.ip in (dashboard.alive_nodes() or [])
 
     def finish(self, reason: str, code: int) -> None:
         self.stop()

@@ -420,6 +420,7 @@ class ClusterManager:
             "nodes_lost": list(status.nodes_lost),
             "worker_jobs": _worker_jobs(record),
             "scaling": list(record.scaling),
+            **_connection(record, status),
             "gpus_per_node": record.gpus_per_node,
             "time_limit": status.time_limit,
             "time_left": status.time_left,
@@ -456,6 +457,15 @@ def _idle_timeout(record: ClusterRecord) -> float:
         return ClusterSpec.from_mapping(record.spec).idle_timeout
     except SpecError:
         return ClusterSpec().idle_timeout
+
+
+def _connection(record: ClusterRecord, status: Status) -> dict[str, Any]:
+    """How the owner's kernel is connected ("driver" or "client") and why, while it is."""
+    connected = status.state.value == "CONNECTED"
+    return {
+        "connect_mode": record.connect_mode if connected else None,
+        "connect_reason": record.connect_reason if connected else None,
+    }
 
 
 def _worker_jobs(record: ClusterRecord) -> list[dict[str, Any]]:

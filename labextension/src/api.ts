@@ -48,6 +48,11 @@ export interface ICluster {
   worker_jobs?: IWorkerJob[];
   /** The last scaling decisions with their cause (adapt's settings first while it runs). */
   scaling?: string[];
+  /** How the owner's kernel is connected while CONNECTED: a Ray driver on its own host's Ray
+   * node, or Ray Client through the head. */
+  connect_mode?: 'driver' | 'client' | null;
+  /** Why that way (`auto: this kernel runs in Slurm job 12 on node1; …`). */
+  connect_reason?: string | null;
   /** It ended: nothing runs any more. */
   final?: boolean;
   /** Its record may be deleted (`forgetCluster`). */

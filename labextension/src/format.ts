@@ -97,6 +97,14 @@ function workerJobsText(jobs: IWorkerJob[]): string {
   return `${jobs.length - pending.length} running${waiting}`;
 }
 
+/** `Ray driver` or `Ray Client`: how the owner's kernel is connected; null when it is not. */
+export function connectionText(cluster: ICluster): string | null {
+  if (cluster.state !== 'CONNECTED' || !cluster.connect_mode) {
+    return null;
+  }
+  return cluster.connect_mode === 'driver' ? 'Ray driver' : 'Ray Client';
+}
+
 /** The last scaling decision with its cause, for the card (all of them: the title). */
 export function lastScalingDecision(cluster: ICluster): string | null {
   const lines = cluster.scaling ?? [];

@@ -15,6 +15,7 @@ import { CommandIDs } from './commands';
 import {
   canForget,
   canTakeOver,
+  connectionText,
   clustersToWarn,
   hasEnded,
   hms,
@@ -213,6 +214,12 @@ export class ClusterSidebar extends Widget {
       fact('Job', cluster.job_id ?? '—'),
       fact('Owner', ownerText(cluster))
     );
+    const connection = connectionText(cluster);
+    if (connection) {
+      const line = fact('Connected', connection, 'connection');
+      line.title = cluster.connect_reason ?? connection;
+      facts.append(line);
+    }
     const usage = usageShort(cluster);
     if (usage) {
       facts.append(fact('Used', usage, 'usage'));

@@ -1,6 +1,7 @@
 import type { ICluster } from '../src/api';
 import {
   canForget,
+  connectionText,
   hasEnded,
   hms,
   nodesLostText,
@@ -137,5 +138,18 @@ describe('ownerText', () => {
     expect(ownerText(cluster({ server_owned: true }))).toBe('alice (this server)');
     expect(ownerText(cluster({ owner_alive: false }))).toBe('alice (owner gone)');
     expect(ownerText(cluster())).toBe('alice (pid 4242 on login1)');
+  });
+});
+
+describe('connectionText', () => {
+  it('says how the owner kernel is connected while CONNECTED', () => {
+    const driver = { state: 'CONNECTED', connect_mode: 'driver' as const };
+    expect(connectionText(cluster(driver))).toBe('Ray driver');
+    const client = { state: 'CONNECTED', connect_mode: 'client' as const };
+    expect(connectionText(cluster(client))).toBe('Ray Client');
+  });
+  it('is null otherwise, also for servers without the field', () => {
+    expect(connectionText(cluster({ connect_mode: 'driver' }))).toBeNull();
+    expect(connectionText(cluster({ state: 'CONNECTED' }))).toBeNull();
   });
 });

@@ -137,8 +137,25 @@ async def test_the_report_is_a_table_text_and_json(transport, jobs_root):
     assert data["ok"] is True
     assert [c["name"] for c in data["checks"]] == [
         "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
-        "extensions",
+        "driver", "extensions",
     ]  # fmt: skip
+
+
+@needs_an_interface
+async def test_from_a_slurm_job_doctor_checks_that_the_node_reaches_this_kernel(
+    transport, jobs_root, monkeypatch
+):
+    """Where connect = "auto" would choose driver mode, the test job's node connects back to
+    a listener of this process on a port of port_range (one more srun step)."""
+    assert (await run_doctor(spec(jobs_root), transport)).check("driver").status == "skip"
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    report = await run_doctor(spec(jobs_root), transport)
+    driver = report.check("driver")
+    assert driver.status == "ok" and "node1 reached this kernel at" in driver.detail, driver
+    reach = [argv for argv in transport.commands if argv[0] == "srun" and "jsr-reach" in argv]
+    assert len(reach) == 1 and reach[0][2] == "--overlap" and reach[0][-1].isdigit()
+    low, high = ClusterSpec().port_range
+    assert low <= int(reach[0][-1]) <= high
 
 
 # -- each broken setting: exactly its one ✗, with the fix --------------------------------------

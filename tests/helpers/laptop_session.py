@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 import ray
+import ray.util.client
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
@@ -54,6 +55,9 @@ def main() -> None:
         cluster.up()
         result["up_seconds"] = round(time.monotonic() - started, 1)
         result["state"] = cluster.state.value
+        result["connect_mode"] = cluster.status.connect_mode
+        result["connect_reason"] = cluster.status.connect_reason
+        result["ray_client_connected"] = ray.util.client.ray.is_connected()
         info = cluster.connection
         result["head_reachable_directly"] = can_reach_directly(info.head_ip, info.client_port)
         namespace: dict = {"ray": ray, "json": json, "socket": socket}

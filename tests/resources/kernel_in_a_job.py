@@ -55,6 +55,7 @@ def main() -> None:
         object_store_memory="200M",
         start_timeout=180,
         idle_timeout=60,
+        connect="client",  # about the cluster's own job: tests/test_driver_mode.py has the driver
     )
     cluster = SlurmRayCluster(spec, LocalTransport(), registry=Registry(work / "state"))
     try:

@@ -1,0 +1,195 @@
+"""The kernel host's own Ray node (driver mode): a node that runs no tasks, so that the notebook
+kernel on this host is an ordinary Ray driver of the cluster.
+
+``python JOB_DIR/bootstrap driver JOB_DIR --owner-pid PID --ray RAY`` is run by the kernel as
+its child, in a session of its own. It joins the head as a worker of the allocation does
+(``WorkerRun``: its own port block, the cluster's token, it follows a head that moved), with
+``--num-cpus=0 --num-gpus=0``, no custom resource (the head counts the nodes that carry
+``slurm_ray_node``: this one is not one of them), a temp dir of its own, RAY, the kernel's own
+``ray`` (never the pack's or the container's: the kernel connects through it), and none of the
+notebook job's Slurm variables (its memory sizes the object store, unless set).
+
+Once its raylet registered with the GCS (Ray then writes the GCS address into
+``ray_current_cluster`` in the node's temp dir) and the node manager's and object manager's
+listeners are verified as its own Ray's, it prints one JSON line on stdout for the kernel,
+``{"driver": "ready", "ip", "temp_dir", "gcs_address", "node_manager_port", ...}`` (or
+``{"driver": "failed", "reason", "log"}``). It leaves when the kernel is gone (it is no longer
+this process's parent), on SIGTERM, or when ``head.json`` stayed missing for HEAD_GONE_AFTER s.
+Its events carry role ``driver`` and names of their own (``driver_starting``,
+``driver_joined``, ``driver_retry``, ``driver_failed``, ``driver_stopped``): nothing that reads
+the cluster's events takes them for the allocation's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from jsr_base import BootstrapError, command_path, gcs_address
+from jsr_events import EventLog
+from listeners import OwnListeners
+from portblock import port_name
+from procgroups import RayProcess
+from rayargs import NodePlan, plan_node
+from slurmenv import is_slurm_input
+from workerrun import WorkerRun
+
+HEAD_GONE_AFTER = 15.0  # head.json missing this long once joined: the head ended (s)
+OWNER_PERIOD = 0.2  # how often the kernel's presence is checked (s)
+OWNER_GONE = "OWNER_GONE"  # SignalFlags.stop's value once the kernel is gone
+VERIFIED = ("node_manager", "object_manager")  # what the kernel's Ray talks to on this node
+
+
+# the worker's events under the driver's own names
+RENAMED = {
+    "worker_starting": "driver_starting",
+    "worker_joined": "driver_joined",
+    "worker_retry": "driver_retry",
+    "worker_stopped": "driver_stopped",
+    "error": "driver_failed",
+}
+
+
+class DriverEvents(EventLog):
+    """The worker's events under the driver's names; a failure also told to the kernel."""
+
+    def emit(self, event: str, **extra: Any) -> None:
+        super().emit(RENAMED.get(event, event), **extra)
+        if event == "error":
+            tell_kernel("failed", reason=extra.get("reason"), log=extra.get("log") or [])
+
+
+def tell_kernel(state: str, **fields: Any) -> None:
+    """One JSON line on stdout, which the kernel reads (gone: nobody to tell)."""
+    with contextlib.suppress(OSError):
+        print(json.dumps({"driver": state, **fields}), flush=True)
+
+
+class DriverRun(WorkerRun):
+    """The kernel host's node: joins like a worker, runs nothing, tells the kernel when ready."""
+
+    role = "driver"
+    join_period = 0.05  # the kernel waits for this node: ask often (local files only)
+
+    def __init__(self, job_dir: Path, owner_pid: int | None, ray: str | None) -> None:
+        super().__init__(job_dir)
+        self.events = DriverEvents(job_dir / "events.jsonl", self.role)
+        self.owner_pid = owner_pid
+        self.ray_command = ray
+        self.own: OwnListeners | None = None
+        self.head_missing_since: float | None = None
+        self.left: str | None = None
+        self.object_store: int | None = None
+        if owner_pid is not None:
+            threading.Thread(target=self.watch_owner, name="owner", daemon=True).start()
+
+    def watch_owner(self) -> None:
+        """The kernel is gone once this process is no longer its child: stop (the main loop
+        acts on the flag as on a signal)."""
+        while self.flags.stop is None:
+            if os.getppid() != self.owner_pid:
+                self.flags.stop = OWNER_GONE
+                return
+            time.sleep(OWNER_PERIOD)
+
+    def stop_reason(self) -> str:
+        if self.flags.stop == OWNER_GONE:
+            return f"the kernel (pid {self.owner_pid}) is gone"
+        return self.left or super().stop_reason()
+
+    # ----- what differs from a worker of the allocation
+
+    def find_ray(self) -> str:
+        """The kernel's own `ray` (the one it connects with); no pack, no container."""
+        self.logs.mkdir(mode=0o700, exist_ok=True)
+        if self.ray_command:
+            if not os.access(self.ray_command, os.X_OK):
+                raise BootstrapError(f"the kernel's ray command {self.ray_command} is missing")
+            return self.ray_command
+        return command_path("ray", "the kernel's environment must have ray[default] installed")
+
+    def start_ray(self, argv: list[str], log_name: str) -> RayProcess:
+        """As a worker's, logged to ``ray-driver-<host>.log`` (a worker may share the host)."""
+        return super().start_ray(argv, log_name.replace("ray-worker-", "ray-driver-", 1))
+
+    def in_container(self, argv: list[str]) -> list[str]:
+        return argv  # the kernel's host runs the kernel's Ray, whatever the nodes run
+
+    def plan_node(self, toward: str | None) -> NodePlan:
+        """A port block and an address as a worker's, a temp dir of its own, and nothing to
+        run tasks with."""
+        assert self.config is not None
+
+        def lock_unavailable(reason: str) -> None:
+            self.events.emit("port_lock_unavailable", reason=reason)
+
+        plan = plan_node(
+            self.config,
+            toward,
+            lock_unavailable,
+            tuple(self.given_up),
+            temp_name=f"d{os.getpid()}",
+        )
+        # sized once, from the notebook job's memory (Slurm's variables, removed below)
+        self.object_store = self.object_store or plan.object_store
+        self.plan = dataclasses.replace(
+            plan, cpus=0, gpus=0, resources={}, object_store=self.object_store
+        )
+        # this node's Ray is no step of the notebook's job: Slurm's variables stay out of it
+        for name in [name for name in os.environ if is_slurm_input(name, in_own_job=False)]:
+            del os.environ[name]
+        block = self.plan.block
+        names = {port: port_name(port - block.start) for port in block.ports_range}
+        self.own = OwnListeners(self.session_pids, block.ports_range, names)
+        return self.plan
+
+    def has_joined(self, head: dict[str, Any]) -> bool:
+        """Ray says this node registered with the head's GCS, and the listeners the kernel's
+        Ray will talk to are this node's own Ray's: then the kernel is told."""
+        assert self.plan is not None and self.own is not None
+        address = gcs_address(head)
+        try:
+            said = (self.plan.temp_dir / "ray_current_cluster").read_text().strip()
+        except OSError:
+            return False
+        if said != address:
+            return False
+        self.own.scan()
+        self.own.check_block()
+        ports = self.plan.block.ports
+        if not all(self.own.verify(name, ports[name]) for name in VERIFIED):
+            return False
+        tell_kernel(
+            "ready",
+            ip=self.plan.ip,
+            host=self.plan.host,
+            temp_dir=str(self.plan.temp_dir),
+            gcs_address=address,
+            node_manager_port=ports["node_manager"],
+            object_store_memory=self.plan.object_store,
+            pid=os.getpid(),
+        )
+        return True
+
+    def leave_reason(self, process: RayProcess | None, head: dict[str, Any]) -> str | None:
+        """Once joined: the head is gone when head.json stayed missing HEAD_GONE_AFTER s."""
+        if process is None or self.left:
+            return self.left
+        if (self.job_dir / "head.json").exists():
+            self.head_missing_since = None
+            return None
+        now = time.monotonic()
+        self.head_missing_since = self.head_missing_since or now
+        if now - self.head_missing_since >= HEAD_GONE_AFTER:
+            self.left = f"head.json was missing for {HEAD_GONE_AFTER:g} s: the head is gone"
+        return self.left
+
+    def finish(self, reason: str, code: int) -> None:
+        super().finish(reason, code)
+        tell_kernel("stopped", reason=reason, exit_code=code)
