@@ -29,7 +29,6 @@ from jupyter_slurm_ray.bootstrap import dashhttp
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.raydemand import parse_cluster_status
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.spec import FIELD_NAMES
 from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.bootstrap import run_as_user, write_as_user
@@ -43,6 +42,7 @@ from .helpers.clusters import (
     wait_until_nothing_left,
 )
 from .helpers.jobs import in_queue
+from .helpers.notebookjob import NotebookJob
 from .helpers.paths import ARTIFACTS, VENV_ACTIVATE, VENV_PYTHON
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
@@ -178,8 +178,6 @@ class AsARayDriver:
     program = "kernel_driver_runs_workloads.py"
 
     def start(self, tmp_path_factory):
-        from .helpers.notebookjob import NotebookJob  # driver mode's own helper
-
         settings = {**TEST_SPEC, **GPU_NODE, "nodes": 3, "idle_timeout": 60}
         del settings["python"], settings["setup"]
         job = NotebookJob.submit(
@@ -258,10 +256,6 @@ class TestThroughRayClient:
         assert result["removed"]
 
 
-@pytest.mark.skipif(
-    "connect" not in FIELD_NAMES,
-    reason="waits for driver mode (issue 20, item 2): no `connect` setting on this branch yet",
-)
 class TestAsARayDriver(TestThroughRayClient):
     """The same tests, the kernel in a job on node1 a Ray driver."""
 
