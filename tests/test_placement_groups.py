@@ -266,13 +266,13 @@ class TestAsARayDriver(TestThroughRayClient):
 SPREAD_WHEN_PLACED = (
     WHERE
     + """
-@ray.remote(num_cpus=0.5, num_gpus=1)
+@ray.remote(num_cpus=0.25, num_gpus=0.5)
 class Worker:
     def where(self):
         return where()
 
 
-group = placement_group([BUNDLE] * 3, strategy="STRICT_SPREAD")
+group = placement_group([{"CPU": 0.25, "GPU": 0.5}] * 3, strategy="STRICT_SPREAD")
 print("created", flush=True)
 ray.get(group.ready(), timeout=float(sys.argv[3]))
 workers = [Worker.options(scheduling_strategy=in_bundle(group, i)).remote() for i in range(3)]
@@ -373,10 +373,11 @@ def one_node(tmp_path_factory):
 
 
 def test_adapt_grows_for_a_pending_strict_spread_group_and_shrinks_after(one_node):
-    """A STRICT_SPREAD group of 3 one-GPU bundles on a 1-node head (2 GPUs): the head holds
-    one bundle, each other one needs a node of its own, so adapt submits exactly 2 worker jobs
-    (packing alone would ask for 1: a node has 2 GPUs); the group is placed on 3 nodes; once it
-    is removed, the idle worker jobs are retired."""
+    """A STRICT_SPREAD group of 3 half-GPU bundles ({CPU: 0.25, GPU: 0.5}) on a 1-node head of
+    1 CPU and 2 GPUs. All three would fit one node, so packing them (adapt's count before it
+    knew placement groups) asks for 1 worker job and the group waits for ever; spread, the head
+    holds one bundle and each other one needs a node of its own: exactly 2 worker jobs. The
+    group is placed on 3 nodes; once it is removed, the idle worker jobs are retired."""
     cluster = one_node
     wait_for(lambda: idle_nodes() >= 2, QUEUE_WAIT, "two idle nodes")
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
@@ -388,10 +389,10 @@ def test_adapt_grows_for_a_pending_strict_spread_group_and_shrinks_after(one_nod
             30,
             "the pending group in Ray's cluster status",
         )
-        record_payload("pending-strict-spread-on-one-node", body)
+        record_payload("pending-half-gpu-strict-spread-on-one-node", body)
         (group,) = parse_cluster_status(body["data"]).groups
         assert (group.strategy, group.size(), group.count) == ("STRICT_SPREAD", 3, 1)
-        assert group.bundles == (({"CPU": 0.5, "GPU": 1.0}, 3),)
+        assert group.bundles == (({"CPU": 0.25, "GPU": 0.5}, 3),)
         result = finish(workload, QUEUE_WAIT + 120)
         hosts = {w["host"] for w in result["where"]}
         assert len(hosts) == 3, result
@@ -412,7 +413,7 @@ def test_adapt_grows_for_a_pending_strict_spread_group_and_shrinks_after(one_nod
     assert len(submitted) == 2, submitted  # exactly the nodes the group lacked: no loop
     assert sorted(retired) == sorted(submitted)
     assert sorted(cluster.workers.jobs) == sorted(submitted)  # no other sbatch
-    assert "placement group STRICT_SPREAD of 3 × {CPU: 0.5, GPU: 1} pending" in causes[0], causes
+    assert "placement group STRICT_SPREAD of 3 × {CPU: 0.25, GPU: 0.5} pending" in causes[0], causes
     assert any("idle" in cause for cause in causes[1:]), causes
     for job_id in submitted:
         wait_for(lambda job_id=job_id: not in_queue(job_id), 60, f"worker job {job_id} to end")

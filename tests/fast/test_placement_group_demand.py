@@ -192,3 +192,21 @@ def test_a_recorded_strict_pack_group_larger_than_a_node_is_reported():
 def test_a_recorded_quiet_cluster_waits_for_nothing():
     view = recorded("nothing-pending")
     assert not view.waiting and view.busy == {"10.200.0.11": False}
+
+
+def test_a_recorded_half_gpu_strict_spread_group_gets_the_two_nodes_packing_would_not():
+    """Recorded by tests/test_placement_groups.py's adapt test: 3 × {CPU 0.25, GPU 0.5} on a
+    1-node cluster of 1 CPU, 2 GPUs. All three bundles fit one node, so packing them asks for
+    one worker job and the group waits for ever; spread, the head holds one and each other
+    bundle gets a worker job of its own."""
+    view = recorded("pending-half-gpu-strict-spread-on-one-node")
+    assert view.demand == ()
+    assert view.groups == (group("STRICT_SPREAD", {"CPU": 0.25, "GPU": 0.5}),)
+    shape = view.head_shape
+    assert shape is not None and (shape.cpus, shape.gpus) == (1.0, 2.0)
+    (spread,) = view.groups
+    packed = PlacementDemand("PACK", spread.bundles)
+    assert nodes_for((), shape, [packed]) == 1  # what the bundles alone, packed, ask for
+    decision = decide(SETTINGS, 1, shape, view.demand, [], groups=view.groups, room=view.room)
+    assert (decision.submit, decision.wanted, decision.reports) == (2, 3, ())
+    assert decision.cause == "placement group STRICT_SPREAD of 3 × {CPU: 0.25, GPU: 0.5} pending"
