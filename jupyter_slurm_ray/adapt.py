@@ -20,21 +20,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .adaptpolicy import (
-    AdaptSettings,
-    Decision,
-    JobView,
-    Memory,
-    RayView,
-    Shape,
-    checked_settings,
-    decide,
-    parse_cluster_status,
-)
+from .adaptpolicy import AdaptSettings, Decision, JobView, Memory, checked_settings, decide
 from .aio import blocking
 from .bootstrap import dashhttp
 from .clientevents import ADAPT_REQUEST, append_event, recorded_adapting, request_cause
 from .errors import Conflict, SlurmRayError
+from .raydemand import RayView, Shape, parse_cluster_status
 from .scaling import worker_minutes
 from .watch import watcher_for
 from .workergroups import DEFAULT_GROUP
@@ -127,7 +118,7 @@ class Adapter:
         """Decide on Ray's ``view`` and the worker jobs as they are now, and act."""
         now = time.time()
         self._note_idle(view, now)
-        if view.demand or any(view.busy.values()):  # quiet: nothing waits, nothing runs
+        if view.waiting or any(view.busy.values()):  # quiet: nothing waits, nothing runs
             self.memory.quiet_since = None
         elif self.memory.quiet_since is None:
             self.memory.quiet_since = now
@@ -140,6 +131,8 @@ class Adapter:
             view.demand,
             jobs,
             quiet_for=quiet_for,
+            groups=view.groups,
+            room=view.room,
         )
         await self.apply(decision, moves)
         return decision

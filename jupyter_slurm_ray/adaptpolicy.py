@@ -10,7 +10,11 @@ Nothing here asks Slurm or Ray: ``adapt.py`` reads Ray's autoscaler state (the d
   cancelled to be submitted again;
 - a pending job whose Slurm reason says it can never start is reported once and then counted
   as not coming; while one exists, no job of the same shape is submitted;
-- demand no worker node can hold (a bundle larger than a node) is reported once, not looped on;
+- demand no worker node can hold (a bundle larger than a node, a STRICT_SPREAD placement group
+  of more bundles than the maximum has nodes) is reported once, not looped on;
+- a pending placement group asks for the nodes it lacks: its bundles first in the room the
+  present nodes have (not those of worker jobs still settling: they count as coming), a
+  STRICT_SPREAD group's bundles each on a node of its own (``raydemand.nodes_for``);
 - a joined worker job whose node ran nothing for ``idle_timeout`` s is retired (drained),
   never below the minimum; the head's allocation is never retired.
 """
@@ -19,18 +23,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .errors import SpecError
 from .queueinfo import explain_reason
+from .raydemand import Demand, PlacementDemand, Shape, describe_demand, nodes_for
 from .workergroups import DEFAULT_GROUP
-
-MAX_BUNDLES = 1000  # demand instances packed at most (the maximum caps the nodes anyway)
-# Resources Ray gives every node of the head's shape (its memory and object store: not sized).
-_IGNORED = ("objectStoreMemory", "object_store_memory")
-_ALIASES = {"CPU": "CPU", "GPU": "GPU", "memory": "memory"}
 
 
 # -- the settings ------------------------------------------------------------------------------
@@ -110,140 +109,6 @@ def checked_settings(
     return AdaptSettings(low, high, float(idle), pending)
 
 
-# -- what Ray says ---------------------------------------------------------------------------
-Bundle = Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One worker job's Ray node: what a new node brings."""
-
-    cpus: float
-    gpus: float = 0.0
-    memory: float | None = None  # bytes, None: not sized
-
-    def missing(self, bundle: Bundle) -> str | None:
-        """Why one node of this shape cannot hold ``bundle`` (None: it can)."""
-        for name, amount in bundle.items():
-            if name in _IGNORED or amount <= 0:
-                continue
-            have = self.capacity().get(_ALIASES.get(name, name))
-            if have is None:
-                return f"worker nodes have no {name} resource"
-            if amount > have + 1e-9:
-                return f"a worker node has {have:g} {name}, not {amount:g}"
-        return None
-
-    def capacity(self) -> dict[str, float]:
-        room = {"CPU": self.cpus, "GPU": self.gpus}
-        if self.memory is not None:
-            room["memory"] = self.memory
-        return room
-
-    def describe(self) -> str:
-        return f"{self.cpus:g} CPU, {self.gpus:g} GPU"
-
-
-@dataclass(frozen=True)
-class RayView:
-    """Ray's autoscaler state, as far as the policy needs it."""
-
-    demand: tuple[tuple[dict[str, float], int], ...]  # bundle, count (tasks, actors, PGs)
-    busy: dict[str, bool]  # node IP -> it runs something (CPU or GPU in use)
-    head_shape: Shape | None  # the head's node (a worker job is one node of its shape)
-    at: float = 0.0  # when the autoscaler wrote it
-
-
-def _bundles(entries: object) -> Iterable[tuple[dict[str, float], int]]:
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], dict):
-            bundle, count = entry
-            if isinstance(count, int) and count > 0:
-                yield {str(k): float(v) for k, v in bundle.items() if _number(v)}, count
-
-
-def _placement_groups(entries: object) -> Iterable[tuple[dict[str, float], int]]:
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], dict):
-            group, count = entry
-            for bundle, per_group in _bundles(group.get("bundles")):
-                yield bundle, per_group * (count if isinstance(count, int) else 1)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _used(usage: Mapping[str, Any], name: str) -> float:
-    pair = usage.get(name)
-    return float(pair[0]) if isinstance(pair, list) and pair and _number(pair[0]) else 0.0
-
-
-def _total(usage: Mapping[str, Any], name: str) -> float | None:
-    pair = usage.get(name)
-    return float(pair[1]) if isinstance(pair, list) and len(pair) > 1 else None
-
-
-def parse_cluster_status(data: Mapping[str, Any]) -> RayView:
-    """The dashboard's ``api/cluster_status`` answer (its ``data``) → demand and node usage."""
-    status = data.get("clusterStatus") or {}
-    report = status.get("loadMetricsReport") or {}
-    demand = [
-        *_bundles(report.get("resourceDemand")),
-        *_placement_groups(report.get("pgDemand")),
-        *_bundles(report.get("requestDemand")),
-    ]
-    busy: dict[str, bool] = {}
-    head_shape = None
-    for usage in (report.get("usageByNode") or {}).values():
-        if not isinstance(usage, dict):
-            continue
-        ips = [
-            key.split(":", 1)[1] for key in usage if key.startswith("node:") and key[5:6].isdigit()
-        ]
-        if "node:InternalHead" in usage or "node:__internal_head__" in usage:
-            head_shape = Shape(
-                _total(usage, "CPU") or 0.0, _total(usage, "GPU") or 0.0, _total(usage, "memory")
-            )
-        for ip in ips:
-            busy[ip] = _used(usage, "CPU") > 0 or _used(usage, "GPU") > 0
-    at = status.get("time")
-    when = float(at) if isinstance(at, int | float) else 0.0
-    return RayView(tuple(demand), busy, head_shape, when)
-
-
-def nodes_for(demand: Sequence[tuple[Mapping[str, float], int]], shape: Shape) -> int:
-    """How many nodes of ``shape`` hold the demand (first fit, largest first)."""
-    instances: list[Mapping[str, float]] = []
-    for bundle, count in demand:
-        instances += [bundle] * min(count, MAX_BUNDLES - len(instances))
-    instances.sort(key=lambda b: (b.get("GPU", 0.0), b.get("CPU", 0.0)), reverse=True)
-    room: list[dict[str, float]] = []
-    for bundle in instances:
-        need = {_ALIASES[k]: v for k, v in bundle.items() if k in _ALIASES and v > 0}
-        for node in room:
-            if all(node.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
-                break
-        else:
-            node = shape.capacity()
-            room.append(node)
-        for k, v in need.items():
-            node[k] = node.get(k, 0.0) - v
-    return len(room)
-
-
-def describe_demand(demand: Sequence[tuple[Mapping[str, float], int]]) -> str:
-    """``3 pending tasks/actors need 3 CPU`` (placement groups' bundles counted too)."""
-    count = sum(n for _, n in demand)
-    totals: dict[str, float] = {}
-    for bundle, n in demand:
-        for name, amount in bundle.items():
-            if name not in _IGNORED:
-                totals[name] = totals.get(name, 0.0) + amount * n
-    needs = ", ".join(f"{v:g} {k}" for k, v in sorted(totals.items())) or "nothing sized"
-    return f"{count} pending task{'s' if count != 1 else ''}/actors need {needs}"
-
-
 # -- the worker jobs as the policy sees them ---------------------------------------------------
 @dataclass(frozen=True)
 class JobView:
@@ -265,12 +130,15 @@ class JobView:
         return (not self.joined or self.settling) and not self.never_starts
 
 
+Report = tuple[str, str]  # (key, message): told once per key
+
+
 @dataclass(frozen=True)
 class Decision:
     submit: int = 0
     retire: tuple[str, ...] = ()  # job ids, idle ones (drained) or surplus
     cause: str = ""  # why submit / retire
-    reports: tuple[tuple[str, str], ...] = ()  # (key, message): told once each
+    reports: tuple[Report, ...] = ()
     wanted: int = 0  # nodes in all the policy wants now
 
 
@@ -286,16 +154,47 @@ def decide(
     settings: AdaptSettings,
     head_nodes: int,
     shape: Shape,
-    demand: Sequence[tuple[Mapping[str, float], int]],
+    demand: Demand,
     jobs: Sequence[JobView],
     *,
     quiet_for: float = 0.0,
+    groups: Sequence[PlacementDemand] = (),
+    room: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Decision:
     """One decision. ``jobs``: the active worker jobs (not ended, not leaving);
     ``quiet_for``: seconds Ray has had no demand and no node has run anything (Ray's demand
-    alone can read 0 for a moment while tasks still wait behind running ones)."""
-    reports: list[tuple[str, str]] = []
-    fitting = []
+    alone can read 0 for a moment while tasks still wait behind running ones); ``groups``:
+    pending placement groups; ``room``: each Ray node's free resources (by IP)."""
+    fitting, reports = _placeable(demand, shape)
+    fitting_groups, group_reports = _placeable_groups(groups, shape, settings.maximum)
+    reports += group_reports + _never_starting(jobs)
+    total = head_nodes + len(jobs)
+    blocked = any(job.never_starts for job in jobs)
+    pending = sum(1 for job in jobs if job.pending and not job.never_starts)
+    coming = sum(1 for job in jobs if job.coming)
+    settling = {job.ip for job in jobs if job.coming and job.ip}  # counted as coming already
+    free = [free for ip, free in (room or {}).items() if ip not in settling]
+    waiting = bool(fitting or fitting_groups)
+    needed = nodes_for(fitting, shape, fitting_groups, free) if waiting else 0
+    submit, cause = 0, ""
+    if total < settings.minimum:
+        submit, cause = settings.minimum - total, f"below the minimum of {settings.minimum} nodes"
+    elif needed > coming:
+        submit, cause = needed - coming, describe_demand(fitting, fitting_groups)
+    submit = max(0, min(submit, settings.maximum - total, settings.max_pending - pending))
+    if blocked:
+        submit = 0
+    if submit:
+        return Decision(submit, (), cause, tuple(reports), total + submit)
+    retire, cause = _to_retire(settings, head_nodes, jobs, waiting, quiet_for)
+    return Decision(0, retire, cause, tuple(reports), total - len(retire))
+
+
+def _placeable(
+    demand: Demand, shape: Shape
+) -> tuple[list[tuple[Mapping[str, float], int]], list[Report]]:
+    """The tasks' demand a worker node can hold, and a report for the rest."""
+    fitting, reports = [], []
     for bundle, count in demand:
         why = shape.missing(bundle)
         if why is None:
@@ -303,6 +202,33 @@ def decide(
         else:
             key = "unsatisfiable:" + ",".join(f"{k}={v:g}" for k, v in sorted(bundle.items()))
             reports.append((key, f"{count} × {dict(bundle)} can never be placed: {why}"))
+    return fitting, reports
+
+
+def _placeable_groups(
+    groups: Sequence[PlacementDemand], shape: Shape, maximum: int
+) -> tuple[list[PlacementDemand], list[Report]]:
+    """The pending placement groups that nodes of ``shape`` can hold within ``maximum`` nodes,
+    and a report for the rest."""
+    fitting, reports = [], []
+    for group in groups:
+        why = next(filter(None, map(shape.missing, group.placed_as())), None)
+        if why is None and group.strategy == "STRICT_SPREAD" and group.size() > maximum:
+            why = f"each of its {group.size()} bundles needs a node of its own, at most {maximum}"
+        if why is None:
+            fitting.append(group)
+        else:
+            reports.append(
+                (
+                    f"unsatisfiable:{group.describe()}",
+                    f"{group.describe()} can never be placed: {why}",
+                )
+            )
+    return fitting, reports
+
+
+def _never_starting(jobs: Sequence[JobView]) -> list[Report]:
+    reports = []
     for job in jobs:
         if job.never_starts:
             meaning = explain_reason(job.reason or "")[0]
@@ -313,23 +239,7 @@ def decide(
                     "it will never start; not retried",
                 )
             )
-    total = head_nodes + len(jobs)
-    blocked = any(job.never_starts for job in jobs)
-    pending = sum(1 for job in jobs if job.pending and not job.never_starts)
-    coming = sum(1 for job in jobs if job.coming)
-    needed = nodes_for(fitting, shape) if fitting else 0
-    submit, cause = 0, ""
-    if total < settings.minimum:
-        submit, cause = settings.minimum - total, f"below the minimum of {settings.minimum} nodes"
-    elif needed > coming:
-        submit, cause = needed - coming, describe_demand(fitting)
-    submit = max(0, min(submit, settings.maximum - total, settings.max_pending - pending))
-    if blocked:
-        submit = 0
-    if submit:
-        return Decision(submit, (), cause, tuple(reports), total + submit)
-    retire, cause = _to_retire(settings, head_nodes, jobs, bool(fitting), quiet_for)
-    return Decision(0, retire, cause, tuple(reports), total - len(retire))
+    return reports
 
 
 def _to_retire(

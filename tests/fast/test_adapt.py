@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_slurm_ray.adaptpolicy import (
-    AdaptSettings,
-    JobView,
+from jupyter_slurm_ray.adaptpolicy import AdaptSettings, JobView, checked_settings, decide
+from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.magic_args import parse
+from jupyter_slurm_ray.raydemand import (
+    PlacementDemand,
     Shape,
-    checked_settings,
-    decide,
     describe_demand,
     nodes_for,
     parse_cluster_status,
 )
-from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.magic_args import parse
 
 ONE_CPU = Shape(1.0, 0.0, 8e9)
 SETTINGS = AdaptSettings(minimum=1, maximum=3, idle_timeout=10.0, max_pending=2)
@@ -168,7 +166,8 @@ CLUSTER_STATUS = {
 
 def test_the_dashboards_cluster_status_gives_demand_usage_and_the_head_shape():
     view = parse_cluster_status(CLUSTER_STATUS)
-    assert view.demand == (({"CPU": 1.0}, 3), ({"CPU": 4.0}, 1), ({"CPU": 1.0}, 2))
+    assert view.demand == (({"CPU": 1.0}, 3), ({"CPU": 4.0}, 1))
+    assert view.groups == (PlacementDemand("PACK", (({"CPU": 1.0}, 2),), 1),)  # apart
     assert view.busy == {"10.200.0.11": True, "10.200.0.12": False}
     assert view.head_shape == Shape(1.0, 0.0, 24438333440.0)
     assert parse_cluster_status({}).demand == ()
@@ -209,7 +208,7 @@ async def test_a_failing_step_is_shown_and_the_loop_goes_on():
     import asyncio
 
     from jupyter_slurm_ray.adapt import Adapter
-    from jupyter_slurm_ray.adaptpolicy import RayView
+    from jupyter_slurm_ray.raydemand import RayView
 
     cluster = _StubCluster()
     adapter = Adapter(cluster, SETTINGS, interval=0.01)  # type: ignore[arg-type]

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.adapt import Adapter
-from jupyter_slurm_ray.adaptpolicy import AdaptSettings, RayView, Shape
+from jupyter_slurm_ray.adaptpolicy import AdaptSettings
 from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay
 from jupyter_slurm_ray.formatting import status_line
 from jupyter_slurm_ray.naming import job_comment
+from jupyter_slurm_ray.raydemand import RayView, Shape
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.spec import ClusterSpec
