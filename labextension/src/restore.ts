@@ -57,6 +57,11 @@ export function notRestoredText(kind: TabKind, cluster: string, error: unknown):
   return `Slurm Ray: the ${TITLES[kind]} tab of ${cluster} was closed after the reload: ${why}.`;
 }
 
+/** The notification in place of a restored tab whose cluster is gone. */
+export function goneText(kind: TabKind, cluster: string): string {
+  return notRestoredText(kind, cluster, { status: 404 });
+}
+
 /** The sidebar's entry in the state DB. */
 export const SIDEBAR_STATE_KEY = 'jupyter-slurm-ray:sidebar';
 

@@ -9,7 +9,7 @@ import { MainAreaWidget, Notification, ToolbarButton, WidgetTracker } from '@jup
 import { refreshIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { notRestoredText, restoreArgs, tabId, TabKind, tabNamespace } from './restore';
+import { goneText, restoreArgs, tabId, TabKind, tabNamespace } from './restore';
 
 /** A view whose content is read again by `refresh()`. */
 export interface IRefreshable extends Widget {
@@ -108,8 +108,7 @@ export async function showClusterTab<T extends IRefreshable>(
   if (restoring && tab.content.gone) {
     const label = tab.node.dataset.slurmRayName ?? id;
     tab.dispose();
-    const gone = { status: 404 };
-    Notification.info(notRestoredText(tabs.kind, label, gone), { autoClose: 8000 });
+    Notification.info(goneText(tabs.kind, label), { autoClose: 8000 });
     throw new Error(`cluster ${id} is gone`);
   }
   return tab;

@@ -1,4 +1,5 @@
 import {
+  goneText,
   isGone,
   isRestoring,
   MAX_WARNED,
@@ -48,6 +49,7 @@ describe('a restored tab whose cluster is gone', () => {
       'Slurm Ray: the Ray dashboard tab of analysis was closed after the reload: ' +
         'the cluster is no longer in the registry (forgotten).'
     );
+    expect(goneText('logs', 'analysis')).toContain('the Logs tab of analysis was closed');
     const failed = notRestoredText('logs', 'ray-1a2b3c4d', new Error('Slurm did not answer'));
     expect(failed).toContain('the Logs tab of ray-1a2b3c4d');
     expect(failed).toContain('the server said: Slurm did not answer');
