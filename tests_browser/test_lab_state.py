@@ -20,7 +20,6 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.helpers.server import JupyterServer, jupyter_lab, start_cluster
 
-
 CAPABILITY = re.compile(r"/~([A-Za-z0-9_-]{40,})/")
 
 
