@@ -1,6 +1,7 @@
 """Lab state survives a reload: a cluster's dashboard and logs tabs come back after a page
-reload and after a restart of the Jupyter server (whose dashboard capabilities die with it), and
-a restored tab of a cluster that was forgotten since closes with a notification.
+reload and after a restart of the Jupyter server (whose dashboard capabilities die with it), a
+walltime warning is not notified again after a reload, and a restored tab of a cluster that was
+forgotten since closes with a notification.
 
 A real cluster on the testbed, a real JupyterLab (its workspace, where the layout restorer and
 the state DB keep their data, under the test's directory, kept across the restart), Debian's
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.helpers.server import JupyterServer, jupyter_lab, start_cluster
 
@@ -121,6 +122,38 @@ def test_cluster_tabs_come_back_after_a_reload_and_a_server_restart(
         assert old.status_code == 404  # what a stored URL would have shown
         page.wait_for_timeout(1000)  # let the charts settle for the screenshot
         page.screenshot(path=str(artifacts / "labextension-restored-after-restart.png"))
+
+
+def test_a_walltime_warning_is_not_notified_again_after_a_reload(page, root, testbed_user, cluster):
+    """The server's real listing, with the cluster's warning made due by the test (a real one
+    takes a job's last minute: test_walltime_notification.py)."""
+
+    def warning_due(route: Route) -> None:
+        if route.request.method != "GET":
+            route.fallback()
+            return
+        answer = route.fetch()
+        listing = answer.json()
+        for view in listing["clusters"]:
+            if view["id"] == cluster.id:
+                view.update(walltime_warning=True, time_left=90)
+        route.fulfill(response=answer, json=listing)
+
+    page.route(re.compile(r".*/slurm-ray/api/clusters(\?.*)?$"), warning_due)
+    toast = page.locator(".Toastify__toast").filter(has_text="the walltime of labstate")
+    with jupyter_lab(root, testbed_user) as lab:
+        open_lab(page, lab)
+        expect(toast).to_have_count(1, timeout=30_000)
+        saved = saved_workspace(lab, True, "jupyter-slurm-ray:sidebar")
+        assert f'"warned": ["{cluster.id}"]' in saved, saved
+
+        page.reload()
+        page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+        card = page.locator(f'.jp-SlurmRay-cluster[data-cluster-id="{cluster.id}"]')
+        warned = card.locator(".jp-SlurmRay-walltimeWarning")  # the listing came, warning due
+        expect(warned).to_have_count(1, timeout=30_000)
+        page.wait_for_timeout(11_000)  # two more listings (every 5 s): still none
+        expect(toast).to_have_count(0)
 
 
 def test_restored_tabs_of_a_forgotten_cluster_close_with_a_notification(
