@@ -35,6 +35,11 @@ class RememberedSet extends Set<string> {
     this._save(this);
     return this;
   }
+
+  /** Add the ids read back from the state DB (nothing to save). */
+  load(ids: string[]): void {
+    ids.forEach(id => super.add(id));
+  }
 }
 
 /** The sidebar's warned clusters, read from and saved to `state` (kept across reloads). */
@@ -49,7 +54,7 @@ function rememberedWarnings(state: IStateDB | null): { warned: Set<string>; read
   });
   const ready = state
     .fetch(SIDEBAR_STATE_KEY)
-    .then(saved => warnedIn(saved).forEach(id => Set.prototype.add.call(warned, id)))
+    .then(saved => warned.load(warnedIn(saved)))
     .catch(reason => console.warn('jupyter-slurm-ray: the sidebar state was not read', reason));
   return { warned, ready };
 }

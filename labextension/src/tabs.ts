@@ -55,7 +55,7 @@ function clusterOf(tab: Widget): string {
   return tab.node.dataset.slurmRayCluster ?? '';
 }
 
-/** The tab of `view` for cluster `clusterId` of `kind`, tracked in `tabs`, not yet shown. */
+/** The tab of `view` for cluster `clusterId`, tracked in `tabs`, not yet shown. */
 export function refreshableTab<T extends IRefreshable>(
   tabs: ClusterTabs<T>,
   view: T,
