@@ -42,6 +42,7 @@ from ..transport import Transport
 from ..usage import Usage, fetch_usages
 from ..walltime import extend_walltime, parse_extension, warning_due
 from ..workergroups import checked_name
+from .views import ClusterView, ConnectionView, UnreadableView, WalltimeAndQueueView
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +394,11 @@ class ClusterManager:
         raise NotFound(f"no cluster {cluster_id!r} in the registry")
 
     def view(self, entry: Entry) -> dict[str, Any]:
-        """What the REST API shows of one entry (the sidebar's row)."""
+        """What the REST API shows of one entry (the sidebar's row; answers add to it)."""
+        return dict(self.typed_view(entry))
+
+    def typed_view(self, entry: Entry) -> ClusterView | UnreadableView:
+        """One entry's view as ``views.py`` declares it."""
         record, status, job = entry.record, entry.status, entry.job
         if record is None:
             return {
@@ -459,11 +464,12 @@ def _idle_timeout(record: ClusterRecord) -> float:
         return ClusterSpec().idle_timeout
 
 
-def _connection(record: ClusterRecord, status: Status) -> dict[str, Any]:
+def _connection(record: ClusterRecord, status: Status) -> ConnectionView:
     """How the owner's kernel is connected ("driver" or "client") and why, while it is."""
     connected = status.state.value == "CONNECTED"
+    mode = record.connect_mode if connected else None
     return {
-        "connect_mode": record.connect_mode if connected else None,
+        "connect_mode": "driver" if mode == "driver" else "client" if mode == "client" else None,
         "connect_reason": record.connect_reason if connected else None,
     }
 
@@ -473,7 +479,7 @@ def _worker_jobs(record: ClusterRecord) -> list[dict[str, Any]]:
     return [asdict(job) for job in status_of_record(record).worker_jobs]
 
 
-def _walltime_and_queue(record: ClusterRecord, status: Status) -> dict[str, Any]:
+def _walltime_and_queue(record: ClusterRecord, status: Status) -> WalltimeAndQueueView:
     """The walltime warning (due now?), the queue insight of a pending cluster, and what the
     sidebar needs to offer Extend."""
     spec = record.spec or {}

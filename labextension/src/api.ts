@@ -6,7 +6,12 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import type { IDoctorReport } from './doctor';
 
-/** One cluster as the server reports it (registry record reconciled with Slurm). */
+/**
+ * One cluster as the server reports it (registry record reconciled with Slurm): the REST
+ * view's `ClusterView` (jupyter_slurm_ray/server/views.py), checked field by field by a test.
+ * An unreadable record's row has only `id`, `unreadable`, `error`, `state`, `final` and
+ * `forgettable`.
+ */
 export interface ICluster {
   id: string;
   name: string;
@@ -27,50 +32,56 @@ export interface ICluster {
   owner_pid: number;
   owner_alive: boolean;
   /** One more at every change of owner (a takeover). */
-  owner_term?: number;
+  owner_term: number;
   /** The processes that watch the cluster without owning it (their exit leaves it running). */
-  observers?: IObserver[];
+  observers: IObserver[];
   /** This server owns the cluster (it created it, or took it over). */
   server_owned: boolean;
   /** It is active and this server does not own it: `takeoverCluster` may make it the owner. */
-  can_take_over?: boolean;
+  can_take_over: boolean;
   detached: boolean;
   target: string;
   attach_command: string;
-  dashboard_url: string;
+  /** The dashboard through this server (added by the REST handlers). */
+  dashboard_url?: string;
+  /** Its target is one this server reaches (else it is shown as recorded). */
+  reachable: boolean;
+  /** Epoch seconds. */
+  created_at: number;
+  updated_at: number;
   /** Epoch seconds since which Slurm has not answered for it (the state is the last known). */
-  slurm_unreachable_since?: number | null;
+  slurm_unreachable_since: number | null;
   /** Something the server wants the user to know about the cluster (e.g. Slurm's silence). */
-  notice?: string | null;
+  notice: string | null;
   /** Hosts that were part of the cluster and are gone. */
-  nodes_lost?: string[];
+  nodes_lost: string[];
   /** Its extra worker jobs (scaling) Slurm may still run. */
-  worker_jobs?: IWorkerJob[];
+  worker_jobs: IWorkerJob[];
   /** The last scaling decisions with their cause (adapt's settings first while it runs). */
-  scaling?: string[];
+  scaling: string[];
   /** How the owner's kernel is connected while CONNECTED: a Ray driver on its own host's Ray
    * node, or Ray Client through the head. */
-  connect_mode?: 'driver' | 'client' | null;
+  connect_mode: 'driver' | 'client' | null;
   /** Why that way (`auto: this kernel runs in Slurm job 12 on node1; …`). */
-  connect_reason?: string | null;
+  connect_reason: string | null;
   /** It ended: nothing runs any more. */
-  final?: boolean;
+  final: boolean;
   /** Its record may be deleted (`forgetCluster`). */
-  forgettable?: boolean;
+  forgettable: boolean;
   /** The record file could not be read: only `id` (and `error`) mean something. */
-  unreadable?: boolean;
-  error?: string | null;
+  unreadable: boolean;
+  error: string | null;
   /** The walltime is almost over (the job's SIGUSR1 event, or Slurm's time left). */
-  walltime_warning?: boolean;
+  walltime_warning: boolean;
   /** How long before the end the job is warned (its `walltime_warning` setting), seconds. */
-  walltime_warning_seconds?: number;
+  walltime_warning_seconds: number;
   /** Its time limit can be raised (`extendCluster`): it is still active. */
-  extendable?: boolean;
-  partition?: string | null;
-  account?: string | null;
-  qos?: string | null;
+  extendable: boolean;
+  partition: string | null;
+  account: string | null;
+  qos: string | null;
   /** Why a PENDING cluster waits, in plain words (null otherwise). */
-  queue?: IQueueInsight | null;
+  queue: IQueueInsight | null;
   /** What its Slurm jobs used: compact in the listing (`?usage=true`), full in details. */
   usage?: IUsage | null;
 }

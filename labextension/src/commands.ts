@@ -25,10 +25,11 @@ import {
   takeoverCluster
 } from './api';
 import { doctorTableHtml } from './doctor';
-import { openDashboard } from './dashboard';
-import { showDetails } from './details';
+import { DashboardTabs, openDashboard } from './dashboard';
+import { DetailTabs, showDetails } from './details';
 import { hms } from './format';
-import { showLogs } from './logs';
+import { LogTabs, showLogs } from './logs';
+import { isRestoring } from './restore';
 import { takeOver } from './takeover';
 
 export namespace CommandIDs {
@@ -58,6 +59,8 @@ export interface ICommandContext {
   clusterOf: (id: string) => ICluster | undefined;
   defaultProfile: () => string;
   sidebarId: string;
+  /** The open cluster tabs of each kind (restored after a reload). */
+  tabs: { dashboard: DashboardTabs; logs: LogTabs; details: DetailTabs };
 }
 
 interface IClusterArgs {
@@ -160,7 +163,8 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
       ctx,
       'Slurm Ray: Open Dashboard',
       'Open the Ray dashboard of the cluster in a tab',
-      picked => openDashboard(app, picked.id, picked.name)
+      (picked, args) =>
+        openDashboard(app, ctx.tabs.dashboard, picked.id, picked.name, isRestoring(args))
     )
   );
 
@@ -220,7 +224,7 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
       ctx,
       'Slurm Ray: Show Logs',
       'Show the bootstrap events and job output of the cluster',
-      picked => showLogs(app, picked.id, picked.name)
+      (picked, args) => showLogs(app, ctx.tabs.logs, picked.id, picked.name, isRestoring(args))
     )
   );
 
@@ -231,7 +235,16 @@ export function addCommands(app: JupyterFrontEnd, ctx: ICommandContext): void {
       ctx,
       'Slurm Ray: Show Cluster Details',
       'Why it waits, its walltime, and what it used (CPU- and GPU-hours, memory)',
-      picked => showDetails(app, picked.id, picked.name, CommandIDs.extend, commands)
+      (picked, args) =>
+        showDetails(
+          app,
+          ctx.tabs.details,
+          picked.id,
+          picked.name,
+          CommandIDs.extend,
+          commands,
+          isRestoring(args)
+        )
     )
   );
 

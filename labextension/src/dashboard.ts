@@ -14,9 +14,11 @@
  * never leaves in a Referer header. The Ray token never reaches the page; the server adds it.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { IFrame, MainAreaWidget, showErrorMessage } from '@jupyterlab/apputils';
+import { IFrame, MainAreaWidget, Notification, showErrorMessage } from '@jupyterlab/apputils';
 
 import { dashboardLink } from './api';
+import { notRestoredText } from './restore';
+import { ClusterTabs } from './tabs';
 
 /** Everything the dashboard needs, and nothing that joins it to Jupyter's origin. */
 export const DASHBOARD_SANDBOX: IFrame.SandboxExceptions[] = [
@@ -26,30 +28,39 @@ export const DASHBOARD_SANDBOX: IFrame.SandboxExceptions[] = [
   'allow-downloads'
 ];
 
-const tabs = new Map<string, MainAreaWidget<IFrame>>();
+/** The dashboard tabs, one per cluster. */
+export type DashboardTabs = ClusterTabs<IFrame>;
 
-/** Open (or bring forward) the dashboard tab of cluster `id`; null when it cannot be. */
+/**
+ * Open (or bring forward) the dashboard tab of cluster `id`; null when it cannot be. A tab the
+ * layout restorer brings back (`restoring`) gets a fresh capability URL; when there is none
+ * (the cluster is gone) a notification says so and the command fails, so the restorer forgets
+ * the tab instead of showing a broken frame.
+ */
 export async function openDashboard(
   app: JupyterFrontEnd,
+  tabs: DashboardTabs,
   id: string,
-  name?: string
+  name?: string,
+  restoring = false
 ): Promise<MainAreaWidget<IFrame> | null> {
-  let tab = tabs.get(id);
-  if (!tab || tab.isDisposed) {
+  let tab = tabs.find(id);
+  if (!tab) {
     let url: string;
     try {
       url = await dashboardLink(id);
     } catch (error) {
+      if (restoring) {
+        Notification.info(notRestoredText('dashboard', name ?? id, error), { autoClose: 8000 });
+        throw error;
+      }
       await showErrorMessage(
         `Cannot open the dashboard of ${name ?? id}`,
         (error as Error).message
       );
       return null;
     }
-    tab = tabs.get(id); // opened meanwhile (a double click)
-    if (!tab || tab.isDisposed) {
-      tab = createTab(id, name, url);
-    }
+    tab = tabs.find(id) ?? createTab(tabs, id, name, url); // or opened meanwhile (a double click)
   }
   if (!tab.isAttached) {
     app.shell.add(tab, 'main');
@@ -58,17 +69,19 @@ export async function openDashboard(
   return tab;
 }
 
-function createTab(id: string, name: string | undefined, url: string): MainAreaWidget<IFrame> {
+function createTab(
+  tabs: DashboardTabs,
+  id: string,
+  name: string | undefined,
+  url: string
+): MainAreaWidget<IFrame> {
   const frame = new IFrame({ sandbox: DASHBOARD_SANDBOX, referrerPolicy: 'no-referrer' });
   frame.url = url;
   const tab = new MainAreaWidget({ content: frame });
-  tab.id = `slurm-ray-dashboard-${id}`;
   tab.title.label = `Ray: ${name ?? id}`;
   tab.title.caption = `Ray dashboard of ${name ?? id} (${id})`;
   tab.title.closable = true;
   tab.addClass('jp-SlurmRay-dashboardTab');
-  tab.node.dataset.slurmRayCluster = id;
-  tabs.set(id, tab);
-  tab.disposed.connect(() => tabs.delete(id));
+  tabs.track(tab, id, name); // id slurm-ray-dashboard-<cluster>
   return tab;
 }

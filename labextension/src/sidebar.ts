@@ -33,9 +33,21 @@ import {
   walltimeWarningText
 } from './format';
 
+/** What the sidebar keeps across a page reload (restore.ts), given by its plugin. */
+export interface ISidebarOptions {
+  /** Clusters already notified of their walltime warning (not notified again). */
+  warned?: Set<string>;
+  /** The first listing waits for this (the remembered state being read). */
+  ready?: Promise<unknown>;
+}
+
 export class ClusterSidebar extends Widget {
-  constructor(private readonly commands: CommandRegistry) {
+  constructor(
+    private readonly commands: CommandRegistry,
+    options: ISidebarOptions = {}
+  ) {
     super();
+    this._warned = options.warned ?? new Set<string>();
     this.id = 'jp-SlurmRay-sidebar';
     this.addClass('jp-SlurmRay-sidebar');
     this.title.caption = 'Slurm Ray clusters';
@@ -58,8 +70,11 @@ export class ClusterSidebar extends Widget {
       factory: () => this._load(),
       frequency: { interval: 5000, backoff: true, max: 120_000 },
       standby: 'when-hidden',
-      name: 'slurm-ray:clusters'
+      name: 'slurm-ray:clusters',
+      auto: false
     });
+    const ready = options.ready ?? Promise.resolve();
+    void ready.catch(() => undefined).then(() => this._poll.start());
   }
 
   /** Seconds between two listings while the server answers. */
@@ -312,7 +327,7 @@ export class ClusterSidebar extends Widget {
   private _poll: Poll;
   private _last: IClusterList | null = null;
   private _ticker = 0;
-  private _warned = new Set<string>(); // clusters notified of their walltime warning
+  private _warned: Set<string>; // clusters notified of their walltime warning
 }
 
 function el(tag: string, className: string, text?: string): HTMLElement {

@@ -36,7 +36,7 @@ function cluster(fields: Partial<ICluster> = {}): ICluster {
     attach_command: '%slurm_ray attach analysis',
     dashboard_url: '/slurm-ray/dashboard/ray-1a2b3c4d/',
     ...fields
-  };
+  } as ICluster; // without the fields that have no bearing here
 }
 
 const USAGE = {

@@ -15,6 +15,7 @@ import pytest
 
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.server.views import ClusterView, UnreadableView
 
 from ..helpers.fakeslurm import FakeJob, FakeSlurm
 from ..helpers.waiting import until
@@ -136,6 +137,18 @@ async def test_unreadable_records_are_listed_last_and_can_be_forgotten(api, regi
     code, answer = await api("DELETE", "trunc-0001", params={"forget": "true"})
     assert (code, answer) == (200, {"id": "trunc-0001", "forgotten": True})
     assert not broken.exists()
+
+
+async def test_every_listed_row_has_the_keys_its_typed_view_declares(api, registry, slurm):
+    running(slurm, "7", "live-0000")
+    registry.save(record("7", "live"))
+    plant(registry, "trunc-0001", '{"id": "trunc-0001", "name": "tr')
+    code, listing = await api("GET", params={"usage": "true"})
+    assert code == 200
+    rows = {row["id"]: set(row) for row in listing["clusters"]}
+    for row_id, view in (("live-0000", ClusterView), ("trunc-0001", UnreadableView)):
+        assert view.__required_keys__ <= rows[row_id]  # the sidebar may rely on every one
+        assert sorted(rows[row_id] - view.__required_keys__) == ["dashboard_url", "usage"]
 
 
 async def test_a_group_writable_registry_is_refused_and_the_api_says_so(api, registry):
