@@ -67,7 +67,10 @@ class Notebook:
         self.asked += 1
         n = self.asked
         write_as_user(self.work / f"ask-{n}", action + "\n")
-        answer = wait_for(lambda: self.answer(n), timeout, f"the kernel's {action}")
+        try:
+            answer = wait_for(lambda: self.answer(n), timeout, f"the kernel's {action}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe kernel's output:\n{self.output()[-6000:]}") from None
         if answer.get("job_id"):
             self.job_ids.append(answer["job_id"])
         return answer

@@ -11,7 +11,6 @@ be killed. Each step is one JSON line in ``WORK/report.jsonl``; a failure is an 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -19,14 +18,15 @@ import time
 import traceback
 from pathlib import Path
 
+from kernel_common import one_task_per_node, report_to
+
 work, python, setup = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 nodes, after = int(sys.argv[4]), sys.argv[5]
 MB = 1024 * 1024
 
 
 def report(event: str, **fields: object) -> None:
-    with open(work / "report.jsonl", "a") as handle:
-        handle.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+    report_to(work, event, **fields)
 
 
 def what_ray_says() -> dict[str, object]:
@@ -78,19 +78,6 @@ def big_objects() -> dict[str, object]:
         "made_bytes": len(made),
         "made_ok": made == bytes(range(256)) * MB,
     }
-
-
-def one_task_per_node() -> list[str]:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
-
-    @ray.remote(num_cpus=0)
-    def where() -> str:
-        return socket.gethostname()
-
-    nodes_ = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "slurm_ray_node" in n["Resources"]]
-    refs = [where.options(scheduling_strategy=Affinity(n, soft=False)).remote() for n in nodes_]
-    return sorted(ray.get(refs, timeout=120))
 
 
 def main() -> None:

@@ -22,12 +22,13 @@ import time
 import traceback
 from pathlib import Path
 
+from kernel_common import report_to
+
 work, python, setup, settings = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 
 
 def report(event: str, **fields: object) -> None:
-    with open(work / "report.jsonl", "a") as handle:
-        handle.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+    report_to(work, event, **fields)
 
 
 def run(name: str, code: str) -> None:

@@ -17,13 +17,16 @@ It waits at most 10 minutes for the next request, then ends (so does the allocat
 
 from __future__ import annotations
 
-import json
+import faulthandler
+import logging
 import os
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
+
+from kernel_common import one_task_per_node, report_to
 
 work, python, setup = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 SPEC = dict(
@@ -37,22 +40,7 @@ SPEC = dict(
 
 
 def report(event: str, **fields: object) -> None:
-    with open(work / "report.jsonl", "a") as handle:
-        handle.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
-
-
-def one_task_per_node() -> list[str]:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
-
-    @ray.remote(num_cpus=0)
-    def where() -> str:
-        return socket.gethostname()
-
-    # the cluster's nodes: not the kernel's own Ray node of driver mode (no slurm_ray_node)
-    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "slurm_ray_node" in n["Resources"]]
-    refs = [where.options(scheduling_strategy=Affinity(n, soft=False)).remote() for n in nodes]
-    return sorted(ray.get(refs, timeout=120))
+    report_to(work, event, **fields)
 
 
 def refuse(registry) -> dict[str, object]:
@@ -79,6 +67,10 @@ def refuse(registry) -> dict[str, object]:
 
 
 def main() -> None:
+    # the package's log and, every 60 s, where each thread is: the test shows notebook.out
+    # when the kernel does not answer in time
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    faulthandler.dump_traceback_later(60, repeat=True)
     from jupyter_slurm_ray import ClusterSpec, SlurmRayCluster
     from jupyter_slurm_ray.registry import Registry
     from jupyter_slurm_ray.transport import LocalTransport

@@ -9,7 +9,6 @@ step is one JSON line in ``WORK/report.jsonl``; a failure is an ``error`` line.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -17,26 +16,14 @@ import time
 import traceback
 from pathlib import Path
 
+from kernel_common import one_task_per_node, report_to
+
 work, python, setup = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 SLURMS = ("SLURM_", "SRUN_", "SBATCH_", "SALLOC_", "SQUEUE_", "SCANCEL_")
 
 
 def report(event: str, **fields: object) -> None:
-    with open(work / "report.jsonl", "a") as handle:
-        handle.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
-
-
-def one_task_per_node() -> list[str]:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
-
-    @ray.remote(num_cpus=0)
-    def where() -> str:
-        return socket.gethostname()
-
-    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
-    refs = [where.options(scheduling_strategy=Affinity(n, soft=False)).remote() for n in nodes]
-    return sorted(ray.get(refs, timeout=120))
+    report_to(work, event, **fields)
 
 
 def main() -> None:
