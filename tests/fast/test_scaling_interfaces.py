@@ -97,8 +97,14 @@ async def test_the_owner_applies_requests_made_after_it_took_the_cluster(
     await other.request_scale_async(3)
     await until(lambda: len(cluster.workers.jobs) == 2, 15, "two worker jobs submitted")
     assert cluster.status.nodes_wanted == 3
-    lines = (Path(cluster.job_dir) / "events.jsonl").read_text().splitlines()
-    (decision,) = [e for e in map(json.loads, lines) if e.get("event") == "scaled"]
+    events = Path(cluster.job_dir) / "events.jsonl"
+
+    def decisions() -> list[dict]:
+        lines = events.read_text().splitlines()
+        return [e for e in map(json.loads, lines) if e.get("event") == "scaled"]
+
+    # the decision is written once its jobs are recorded: just after they show
+    (decision,) = await until(decisions, 15, "the scaled event")
     assert (decision["nodes_before"], decision["nodes"]) == (1, 3)
     assert sorted(decision["submitted"]) == sorted(cluster.workers.jobs)
     assert decision["cause"].startswith("asked by pid ")
