@@ -29,7 +29,7 @@ from benchmarks.results import write_result
 from jupyter_slurm_ray.inventory import Inventory
 from jupyter_slurm_ray.naming import new_cluster_id
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.targets import Transports
 from jupyter_slurm_ray.transport import LocalTransport
 from tests.helpers.paths import VENV_PYTHON
@@ -57,7 +57,7 @@ def rss():
     return me.memory_info().rss / 2**20
 import ray
 after_ray = rss()
-import jupyter_slurm_ray, jupyter_slurm_ray.magics, jupyter_slurm_ray.widget
+import jupyter_slurm_ray, jupyter_slurm_ray.ui.magics, jupyter_slurm_ray.ui.widget
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
@@ -139,7 +139,7 @@ async def listing(records: int, repeats: int) -> dict[str, float]:
 
 def main(repeats: int) -> None:
     figures: dict[str, dict[str, float]] = {}
-    package = import_seconds("jupyter_slurm_ray, jupyter_slurm_ray.magics", repeats) * 1000
+    package = import_seconds("jupyter_slurm_ray, jupyter_slurm_ray.ui.magics", repeats) * 1000
     ray = import_seconds("ray", repeats) * 1000
     figures["import ms"] = {"package": package, "ray": ray, "ratio": package / ray}
     print(f"import (median of {repeats} fresh interpreters)")

@@ -26,8 +26,8 @@ from benchmarks.results import write_result
 from benchmarks.startup import AS_USER, nodes_idle
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.slurm.watch import watcher_for
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport
-from jupyter_slurm_ray.watch import watcher_for
 from tests.helpers.clusters import cluster_spec
 
 WATCH_WINDOW = 20.0  # seconds the scaled cluster's polls are counted

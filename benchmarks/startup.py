@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.results import write_result
+from jupyter_slurm_ray.client.connect import connect_ray_client, disconnect_ray_client
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.connect import connect_ray_client, disconnect_ray_client
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
@@ -109,7 +109,7 @@ def port_open(host: str, port: int) -> bool:
 
 
 class RetryCounter(logging.Handler):
-    """Counts Ray Client connect attempts that failed and were retried (connect.py logs them)."""
+    """Ray Client connect attempts that failed and were retried (client/connect.py logs them)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -120,7 +120,7 @@ class RetryCounter(logging.Handler):
 
 
 RETRIES = RetryCounter()
-logging.getLogger("jupyter_slurm_ray.connect").addHandler(RETRIES)
+logging.getLogger("jupyter_slurm_ray.client.connect").addHandler(RETRIES)
 
 
 def nodes_idle(timeout: float = 120) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.results import write_result
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.transport import LocalTransport, SSHTransport
 
 

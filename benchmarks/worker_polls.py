@@ -2,7 +2,7 @@
 and 3 worker jobs) and 10 such clusters, each owned by its own "kernel" on one login node.
 
 Every job of a cluster is watched in the same ``squeue`` as its head, and the kernels of one
-user share one ``squeue --me`` answer (``queuecache.py``), so the calls should not grow with
+user share one ``squeue --me`` answer (``slurm/queuecache.py``), so the calls should not grow with
 the number of jobs. Measured side by side with the same clusters without worker jobs. Slurm
 is the scripted one of the fast tier (``tests/helpers/fakeslurm.py``): calls are counted, not
 timed; the events and leases are real files. Run:
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.results import write_result
 from benchmarks.slurm_rpcs import steady_clusters
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.watch import watcher_for
+from jupyter_slurm_ray.slurm.watch import watcher_for
 from tests.fast.conftest import emit
 from tests.helpers.fakeslurm import FakeSlurm
 

@@ -54,14 +54,14 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_slurm_ray`` registers the ``%slurm_ray`` magics."""
-    from .magics import load_ipython_extension as load
+    from .ui.magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def panel(**kwargs: Any) -> Any:
     """The cluster panel (``ClusterPanel``): a form, Up/Stop/Connect and live status."""
-    from .widget import ClusterPanel
+    from .ui.widget import ClusterPanel
 
     return ClusterPanel(**kwargs)
 

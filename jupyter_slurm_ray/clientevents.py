@@ -14,9 +14,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .adaptpolicy import AdaptSettings
+from .elastic.policy import AdaptSettings
 from .errors import SlurmRayError
-from .jobdir import EVENTS, JobDir, parse_events
+from .job.directory import EVENTS, JobDir, parse_events
 from .transport import Transport
 
 if TYPE_CHECKING:

@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from . import connect as ray_client
-from . import submission
-from .adapt import ClusterAdapting
 from .aio import blocking, run_sync
+from .client import connect as ray_client
+from .client.side import ClientSide
 from .clientevents import append_event
-from .clientside import ClientSide
-from .clusterscaling import ClusterScaling
+from .elastic.adapt import ClusterAdapting
+from .elastic.scaling import ClusterScaling
+from .elastic.workerjobs import WorkerJobs
 from .errors import (
     ClusterTimeout,
     ConnectError,
@@ -41,24 +41,24 @@ from .errors import (
     SpecError,
 )
 from .follow import JobFollower
-from .hereplan import head_step, plan_here, planned_spec
-from .heresteps import HereSteps
-from .jobdir import JobDir
+from .job import submission
+from .job.directory import JobDir
 from .lease import Lease
-from .localjobs import scheduler_for
 from .naming import new_cluster_id
 from .owner import ProcessIdentity
 from .ownership import Ownership, Role
 from .registry import ClusterRecord, Registry
-from .scaling import WorkerJobs
-from .slurm import JobInfo, SlurmClient
+from .slurm.client import JobInfo, SlurmClient
+from .slurm.hereplan import head_step, plan_here, planned_spec
+from .slurm.heresteps import HereSteps
+from .slurm.localjobs import scheduler_for
+from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
+from .slurm.walltime import Extension, extend_walltime
+from .slurm.watch import Answer, watcher_for
 from .spec import ClusterSpec
 from .startup import wait_until
 from .states import STOP_REQUESTED, State, Status, record_fields, status_of_record
 from .transport import LocalTransport, Transport
-from .usage import LIVE_SECONDS, Usage, fetch_usage
-from .walltime import Extension, extend_walltime
-from .watch import Answer, watcher_for
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     to it, here or in the mixin that defines the coroutine. The twins: ``up``, ``wait_up``,
     ``wait_ready``, ``connect``, ``disconnect``, ``down``, ``close``, ``detach``, ``attach``,
     ``refresh``, ``logs``, ``script``, ``connection_info``, ``usage``, ``extend``; ``scale``,
-    ``request_scale`` (ClusterScaling, clusterscaling.py); ``adapt``, ``request_adapt``,
-    ``stop_adapting`` (ClusterAdapting, adapt.py).
+    ``request_scale`` (ClusterScaling, elastic/scaling.py); ``adapt``, ``request_adapt``,
+    ``stop_adapting`` (ClusterAdapting, elastic/adapt.py).
     """
 
     def __init__(
@@ -181,7 +181,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             self._observers.remove(observer)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from .reprs import cluster_mimebundle
+        from .ui.reprs import cluster_mimebundle
 
         return cluster_mimebundle(self, include, exclude)
 
@@ -517,9 +517,9 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     connection_info = blocking(connection_info_async)
 
-    # -- scaling: extra worker jobs (ClusterScaling in clusterscaling.py), by the owner only -
+    # -- scaling: extra worker jobs (ClusterScaling in elastic/scaling.py), by the owner only -
     async def scale_async(self, nodes: int, **options: Any) -> Status:
-        """``ClusterScaling.scale_async`` (clusterscaling.py), for the owner only: any other
+        """``ClusterScaling.scale_async`` (elastic/scaling.py), for the owner only: any other
         process asks the owner (``request_scale``)."""
         self._require_owner("scale it (request_scale asks its owner)")
         return await super().scale_async(nodes, **options)

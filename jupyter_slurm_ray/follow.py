@@ -11,10 +11,10 @@ import contextlib
 from dataclasses import replace
 
 from .errors import SlurmRayError
-from .jobdir import JobDir
-from .slurm import JobInfo, SlurmClient
+from .job.directory import JobDir
+from .slurm.client import JobInfo, SlurmClient
+from .slurm.watch import Answer
 from .states import EventSummary, Status, derive_status, last_known_job
-from .watch import Answer
 
 FORGOTTEN_AFTER = 3  # answers in a row in which Slurm said it does not know the job
 # Events after which Slurm has news too: the job started, or is ending.

@@ -3,7 +3,7 @@ server share, and our jobs that no live record owns.
 
 Reconciling costs ONE Slurm query per target per refresh, shared by concurrent callers and
 reused for ``max_age`` seconds (the server's many browsers), whatever the number of clusters;
-the query itself is the user's shared queue (``queuecache.py``), so an answer one of their
+the query itself is the user's shared queue (``slurm/queuecache.py``), so an answer one of their
 kernels got a moment ago serves here too.
 A record this process cannot reach (its target is not configured here) or cannot read is shown
 as such, with its last known state; nothing in a record is ever executed.
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
-from .heresteps import query_jobs
-from .localjobs import scheduler_for
 from .naming import job_comment
-from .queuecache import SharedQueue
 from .registry import ClusterRecord, Registry, Unreadable
-from .slurm import JobInfo, SlurmClient
+from .slurm.client import JobInfo, SlurmClient
+from .slurm.heresteps import query_jobs
+from .slurm.localjobs import scheduler_for
+from .slurm.queuecache import SharedQueue
 from .states import EventSummary, State, Status, derive_status, status_of_record
 from .targets import Transports
 

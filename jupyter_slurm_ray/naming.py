@@ -26,7 +26,7 @@ WORKER_JOB_TAG = "jupyter-slurm-ray-worker:"
 DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 
 #: The job id of a cluster's head step in its kernel's own allocation (mode 'here', see
-#: heresteps.py): ``here-<allocation>-<runner pid>``, never a Slurm job id.
+#: slurm/heresteps.py): ``here-<allocation>-<runner pid>``, never a Slurm job id.
 HERE_JOB_ID = re.compile(r"here-([0-9]+(?:_[0-9]+)?)-([0-9]+)", re.ASCII)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import SlurmRayError
-from .jobdir import LEASE, JobDir
+from .job.directory import LEASE, JobDir
 from .lease import Lease, LeaseSeen
 from .owner import ProcessIdentity, this_process
 from .registry import ClusterRecord, Registry

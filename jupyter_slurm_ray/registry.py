@@ -92,7 +92,7 @@ class ClusterRecord:
     worker_jobs: list[dict[str, Any]] = field(default_factory=list)
     # the last scaling decisions with their cause (adapt's settings first while it runs)
     scaling: list[str] = field(default_factory=list)
-    # how the connected kernel connects ("driver" or "client") and why (connectmode.py)
+    # how the connected kernel connects ("driver" or "client") and why (client/mode.py)
     connect_mode: str | None = None
     connect_reason: str | None = None
     spec: dict[str, Any] = field(default_factory=dict)  # ClusterSpec.to_dict()

@@ -7,7 +7,9 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .checks import (
+from .elastic.groups import checked_groups, group_spec
+from .errors import SpecError
+from .job.checks import (
     CONSTRAINT,
     INTERFACE,
     MEMORY_ALLOWED,
@@ -41,8 +43,6 @@ from .checks import (
     single_line,
     walltime,
 )
-from .errors import SpecError
-from .workergroups import checked_groups, group_spec
 
 __all__ = [
     "FIELD_NAMES",

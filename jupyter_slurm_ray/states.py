@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
-from .slurm_output import JobInfo
+from .slurm.output import JobInfo
 
 
 class State(str, enum.Enum):
@@ -103,12 +103,13 @@ class Status:
     notice: str | None = None
     # The extra worker jobs (scaling) Slurm may still run; nodes_wanted counts those wanted.
     worker_jobs: tuple[WorkerJobStatus, ...] = ()
-    # Adaptive scaling (adapt.py): its settings, a failure, its last decisions with their cause.
+    # Adaptive scaling (elastic/adapt.py): its settings, a failure, its last decisions with their
+    # cause.
     scaling: tuple[str, ...] = ()
     # Who owns the cluster when this process does not (ownership.py): "observing; owned by
     # pid N on host", "taken over: owned by …"; None for the owner.
     ownership: str | None = None
-    # How the connected process connects (connectmode.py): "driver" or "client", and why.
+    # How the connected process connects (client/mode.py): "driver" or "client", and why.
     connect_mode: str | None = None
     connect_reason: str | None = None
 
@@ -125,7 +126,7 @@ class Status:
 
     def describe(self, now: float | None = None) -> str:
         """One line for humans: ``PENDING (Resources) · job 12 · est. start 12:03``."""
-        from .formatting import status_line
+        from .ui.formatting import status_line
 
         return status_line(self, now=now)
 

@@ -28,8 +28,8 @@ from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import Conflict, SpecError
 from jupyter_slurm_ray.naming import worker_job_comment
 from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.slurm.watch import watcher_for
 from jupyter_slurm_ray.transport import LocalTransport
-from jupyter_slurm_ray.watch import watcher_for
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
 from .helpers.faults import controller_paused, record_figure
@@ -44,7 +44,7 @@ IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it
 
 WORKLOAD = """
 import json, socket, sys, time, ray
-from jupyter_slurm_ray.connect import connect_ray_client
+from jupyter_slurm_ray.client.connect import connect_ray_client
 connect_ray_client(sys.argv[1], sys.argv[2], timeout=30)
 
 @ray.remote(num_cpus=1)
@@ -272,7 +272,7 @@ def cli(cluster: SlurmRayCluster, *args: str, check: bool = True) -> subprocess.
         JUPYTER_SLURM_RAY_STATE_DIR=str(cluster.registry.path),
         JUPYTER_SLURM_RAY_COMMAND_PREFIX=" ".join(runuser("alice")),
     )
-    argv = [sys.executable, "-m", "jupyter_slurm_ray.cli", *args]
+    argv = [sys.executable, "-m", "jupyter_slurm_ray.ui.cli", *args]
     done = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 or not check, done.stderr
     return done

@@ -250,7 +250,7 @@ def test_a_neighbour_squatting_ray_clients_own_server_ports_never_gets_the_token
     connection = job.wait_ready(120)
     tokens = Tokens(job.path / "ray_token")
     bobs.append(Bob(node=3, mode="clientserver:1"))
-    used = run_ray_client(job)  # it retries a failed start, as connect.py does
+    used = run_ray_client(job)  # it retries a failed start, as client/connect.py does
     assert used["hosts"] == ["node3"]
     bob = bobs[0]
     seen = [e["port"] for e in bob.log() if e["what"] == "client_server_seen"]

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 import pytest
 
 from jupyter_slurm_ray.aio import run_sync
-from jupyter_slurm_ray.cli import main
-from jupyter_slurm_ray.jobscript import render_job_script
+from jupyter_slurm_ray.job.script import render_job_script
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.cli import main
 
 from .helpers.jobs import last_state, submit_script
 from .helpers.site import configured_site

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.connect import local_versions
-from jupyter_slurm_ray.doctor import _TITLES
+from jupyter_slurm_ray.client.connect import local_versions
+from jupyter_slurm_ray.doctor.checklist import _TITLES
 
 from .helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
 from .helpers.ipyshell import MagicShell
@@ -65,7 +65,7 @@ def shared_dir() -> Iterator[Path]:
 
 def doctor(environ: dict[str, str], *args: str, wrap: list[str] | None = None) -> dict:
     """``jupyter slurm-ray doctor --json ARGS`` (under ``wrap``); its JSON, with its status."""
-    argv = [sys.executable, "-m", "jupyter_slurm_ray.cli", "doctor", "--json", *args]
+    argv = [sys.executable, "-m", "jupyter_slurm_ray.ui.cli", "doctor", "--json", *args]
     done = subprocess.run(
         [*(wrap or []), *argv], env=environ, capture_output=True, text=True, timeout=400
     )
@@ -207,7 +207,16 @@ def test_a_walltime_over_the_partition_limit_is_the_one_failure(site_env):
 
 
 def test_the_text_output_is_a_checklist(site_env):
-    argv = [sys.executable, "-m", "jupyter_slurm_ray.cli", "doctor", "-p", "short", "-t", "1:00:00"]
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyter_slurm_ray.ui.cli",
+        "doctor",
+        "-p",
+        "short",
+        "-t",
+        "1:00:00",
+    ]
     done = subprocess.run(argv, env=site_env, capture_output=True, text=True, timeout=400)
     lines = done.stdout.splitlines()
     assert done.returncode == 1 and lines[0].endswith("1 check(s) failed"), done.stdout

@@ -30,18 +30,18 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray import packs
 from jupyter_slurm_ray.aio import run_sync
-from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import RayStartError, SpecError
-from jupyter_slurm_ray.jobdir import probe_site
-from jupyter_slurm_ray.jobscript import render_job_script
+from jupyter_slurm_ray.job import packs
+from jupyter_slurm_ray.job.directory import probe_site
+from jupyter_slurm_ray.job.script import render_job_script
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.cli import main
 
 from .helpers.clusters import cluster_spec, wait_until_nothing_left
 from .helpers.jobs import jobs_with_comment, last_state, pending_or_running, submit_script

@@ -23,12 +23,12 @@ import pytest
 
 from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.errors import SlurmUnavailable
-from jupyter_slurm_ray.localjobs import LocalJobs
-from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.sitecheck import check_with_slurm
+from jupyter_slurm_ray.slurm.localjobs import LocalJobs
+from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.magics import SlurmRayMagics
 
 from .helpers.clusters import processes_of
 from .helpers.server import jupyter_server

@@ -19,8 +19,8 @@ import pytest
 from IPython.testing.globalipapp import start_ipython
 
 from jupyter_slurm_ray import session as session_module
-from jupyter_slurm_ray.magics import SlurmRayMagics
 from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.ui.magics import SlurmRayMagics
 
 from .helpers.ipyshell import one_line_error
 from .helpers.jobs import batch_script, job_fields, jobs_named

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray import packs
 from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import RayStartError
+from jupyter_slurm_ray.job import packs
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport

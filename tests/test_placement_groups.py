@@ -27,7 +27,7 @@ import pytest
 
 from jupyter_slurm_ray.bootstrap import dashhttp
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.raydemand import parse_cluster_status
+from jupyter_slurm_ray.elastic.raydemand import parse_cluster_status
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 
@@ -290,7 +290,7 @@ def start_workload(cluster: SlurmRayCluster, code: str, *args: str) -> subproces
     address = f"ray://{info.head_ip}:{info.client_port}"
     connect = (
         "import json, socket, sys, ray\n"
-        "from jupyter_slurm_ray.connect import connect_ray_client\n"
+        "from jupyter_slurm_ray.client.connect import connect_ray_client\n"
         "connect_ray_client(sys.argv[1], sys.argv[2], timeout=30)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

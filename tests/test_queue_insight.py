@@ -14,11 +14,11 @@ import pytest
 from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.reprs import cluster_queue
 from jupyter_slurm_ray.server.manager import ClusterManager
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.targets import Transports
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.reprs import cluster_queue
 
 from .helpers.clusters import cluster_spec, wait_until_nothing_left
 from .helpers.jobs import queue_state

@@ -38,7 +38,7 @@ QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their wall
 # machine: the nodes share /tmp), so that tasks still run on the worker nodes as they drain.
 WORKLOAD = """
 import json, os, socket, sys, time, ray
-from jupyter_slurm_ray.connect import connect_ray_client
+from jupyter_slurm_ray.client.connect import connect_ray_client
 connect_ray_client(sys.argv[1], sys.argv[2], timeout=30)
 
 @ray.remote(num_cpus=1)

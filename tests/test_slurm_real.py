@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import pytest
 
 from jupyter_slurm_ray.errors import SlurmError
-from jupyter_slurm_ray.jobscript import render_job_script
-from jupyter_slurm_ray.slurm import JobInfo, SlurmClient
+from jupyter_slurm_ray.job.script import render_job_script
+from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
+from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport, Transport
-from jupyter_slurm_ray.watch import Answer, JobWatcher
 
 from .helpers.jobs import submit_script
 from .helpers.testbed import runuser

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from jupyter_slurm_ray.config import SlurmRay
-from jupyter_slurm_ray.live import StatusView
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.session import Session
-from jupyter_slurm_ray.widget import ClusterPanel
+from jupyter_slurm_ray.ui.live import StatusView
+from jupyter_slurm_ray.ui.widget import ClusterPanel
 
 from .helpers.jobs import jobs_named
 from .helpers.site import configured_site

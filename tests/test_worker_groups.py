@@ -11,10 +11,10 @@ import pytest
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import SlurmError, SpecError
-from jupyter_slurm_ray.formatting import scaling_text
 from jupyter_slurm_ray.naming import worker_job_comment
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.formatting import scaling_text
 
 from .helpers.clusters import cluster_spec, ray_in_subprocess, ray_result, wait_until_nothing_left
 from .helpers.jobs import in_queue, jobs_with_comment

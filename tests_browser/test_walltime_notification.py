@@ -19,9 +19,9 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.live import Notices
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.live import Notices
 from tests.helpers.clusters import cluster_spec
 from tests.helpers.jobs import queue_state
 from tests.helpers.server import JupyterServer, jupyter_lab

@@ -87,7 +87,7 @@ class HeadRun(NodeRun):
             self.events.phase("workers_starting", workers=self.wanted - 1)
             self.worker_step.start(srun, self.job_dir, self.wanted - 1, self.here_workers())
         ray = self.find_ray()
-        # local mode (localjobs.py: one node, no Slurm) has no controller to route toward
+        # local mode (slurm/localjobs.py: one node, no Slurm) has no controller to route toward
         toward = None if os.environ.get("JSR_LOCAL_MODE") == "1" else slurmctld_address()
         self.start_head(ray, toward)
         versions = self.probe_versions(ray)

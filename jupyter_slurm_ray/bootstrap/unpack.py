@@ -1,6 +1,6 @@
 """The environment pack on this node: checked, unpacked once onto local disk, put first on PATH.
 
-The job names the archive in JSR_ENV_PACK (``packs.py`` on the client side):
+The job names the archive in JSR_ENV_PACK (``job/packs.py`` on the client side):
 ``<job dir root>/packs/env-<kind>-<key>.<ext>``, and the content it must have in
 JSR_ENV_PACK_SHA256 (the sha256 of the archive when ``up`` took it). Before anything is
 unpacked, the archive's directory must pass the job dir's trust check (``trust.py``), the file

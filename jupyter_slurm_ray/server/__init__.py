@@ -39,7 +39,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     from tornado.ioloop import IOLoop
 
     from ..config import SlurmRay, effective_setting, make_transport, resolve_spec
-    from ..doctor import Report, run_doctor
+    from ..doctor.checklist import Report, run_doctor
 
     _log_to_server(serverapp)
     web_app = serverapp.web_app

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..bootstrap.dashhttp import token_headers
-from ..connect import ConnectionInfo
+from ..client.connect import ConnectionInfo
 from ..errors import (
     DashboardUnavailable,
     NotFound,
@@ -25,7 +25,7 @@ from ..errors import (
     SlurmRayError,
     UnknownTarget,
 )
-from ..jobdir import JobDir
+from ..job.directory import JobDir
 from ..registry import ClusterRecord, Registry
 from ..states import State, Status
 from ..transport import Forward, Transport

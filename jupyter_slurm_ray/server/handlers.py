@@ -10,7 +10,7 @@
   adaptive scaling, 200 / 202 as for scale, 400 naming the bad field;
 - ``POST clusters/<id>/takeover``: this server becomes the cluster's owner (its previous owner
   stands down); 200 with the view, 409 when the cluster is not active;
-- ``GET doctor[?profile=NAME]``: the checklist of ``doctor.py`` (JSON).
+- ``GET doctor[?profile=NAME]``: the checklist of ``doctor/checklist.py`` (JSON).
 
 Every error is JSON: ``{"message": ..., "field": ...}`` (``field`` when one input was wrong).
 """
@@ -27,7 +27,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from ..doctor import Report
+from ..doctor.checklist import Report
 from ..errors import (
     Conflict,
     ExtendRefused,

@@ -2,7 +2,7 @@
 forget, extend, take over, and the housekeeping that leaves nothing behind.
 
 Each view also carries the walltime (time left, whether the warning is due), the queue insight
-of a pending cluster, and (on request, ``sacct`` answers kept by ``usage.py``) its usage.
+of a pending cluster, and (on request, ``sacct`` answers kept by ``slurm/usage.py``) its usage.
 
 Plain asyncio, no web framework, so it is tested on its own. Listing costs at most one Slurm
 query per target per ``refresh_interval`` seconds, however many browsers poll (see
@@ -25,23 +25,23 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from ..cluster import SlurmRayCluster
+from ..elastic.groups import checked_name
+from ..elastic.workerjobs import checked_node_count
 from ..errors import Conflict, NotFound, SlurmRayError, SpecError
-from ..heresteps import scheduler_of
 from ..inventory import Entry, Inventory, tag_matches
-from ..jobdir import EVENTS, JobDir, parse_events
+from ..job.directory import EVENTS, JobDir, parse_events
 from ..naming import is_cluster_id
 from ..ownership import live_owner
-from ..queueinfo import queue_insight
 from ..registry import ClusterRecord, Registry
-from ..scaling import checked_node_count
-from ..sitecheck import check_with_slurm
+from ..slurm.heresteps import scheduler_of
+from ..slurm.queueinfo import queue_insight
+from ..slurm.sitecheck import check_with_slurm
+from ..slurm.usage import Usage, fetch_usages
+from ..slurm.walltime import extend_walltime, parse_extension, warning_due
 from ..spec import ClusterSpec
 from ..states import Status, status_of_record
 from ..targets import Transports
 from ..transport import Transport
-from ..usage import Usage, fetch_usages
-from ..walltime import extend_walltime, parse_extension, warning_due
-from ..workergroups import checked_name
 from .views import ClusterView, ConnectionView, UnreadableView, WalltimeAndQueueView
 
 log = logging.getLogger(__name__)

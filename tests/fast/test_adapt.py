@@ -1,4 +1,4 @@
-"""The adaptive policy with scripted inputs (adaptpolicy.py): Ray's demand → submissions,
+"""The adaptive policy with scripted inputs (elastic/policy.py): Ray's demand → submissions,
 the pending limit, Slurm's never-start reasons, unplaceable demand, idle retirement; the
 settings' one-line errors; Ray's ``api/cluster_status`` answer as the dashboard gives it."""
 
@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_slurm_ray.adaptpolicy import AdaptSettings, JobView, checked_settings, decide
-from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.magic_args import parse
-from jupyter_slurm_ray.raydemand import (
+from jupyter_slurm_ray.elastic.policy import AdaptSettings, JobView, checked_settings, decide
+from jupyter_slurm_ray.elastic.raydemand import (
     PlacementDemand,
     Shape,
     describe_demand,
     nodes_for,
     parse_cluster_status,
 )
+from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.ui.magic_args import parse
 
 ONE_CPU = Shape(1.0, 0.0, 8e9)
 SETTINGS = AdaptSettings(minimum=1, maximum=3, idle_timeout=10.0, max_pending=2)
@@ -207,8 +207,8 @@ class _StubCluster:
 async def test_a_failing_step_is_shown_and_the_loop_goes_on():
     import asyncio
 
-    from jupyter_slurm_ray.adapt import Adapter
-    from jupyter_slurm_ray.raydemand import RayView
+    from jupyter_slurm_ray.elastic.adapt import Adapter
+    from jupyter_slurm_ray.elastic.raydemand import RayView
 
     cluster = _StubCluster()
     adapter = Adapter(cluster, SETTINGS, interval=0.01)  # type: ignore[arg-type]
@@ -236,7 +236,7 @@ async def test_a_failing_step_is_shown_and_the_loop_goes_on():
 
 
 def test_the_magic_command_passes_the_settings_and_off():
-    from jupyter_slurm_ray.adaptcommand import adapt_command
+    from jupyter_slurm_ray.ui.adaptcommand import adapt_command
 
     calls = []
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.connect import ConnectionInfo
+from jupyter_slurm_ray.client.connect import ConnectionInfo
 from jupyter_slurm_ray.errors import ConnectError
 
 from ..helpers.bootstrap import bootstrap_module, claims

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.shipping import bootstrap_files
+from jupyter_slurm_ray.job.shipping import bootstrap_files
 
 from ..helpers.bootstrap import BOOTSTRAP_DIR, bootstrap_module
 

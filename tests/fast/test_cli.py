@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.cli import main
+from jupyter_slurm_ray.ui.cli import main
 
 pytestmark = pytest.mark.usefixtures("root_logging_kept")
 

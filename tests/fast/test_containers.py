@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.jobdir import bootstrap_settings
-from jupyter_slurm_ray.magic_args import parse, spec_arguments
+from jupyter_slurm_ray.job.directory import bootstrap_settings
 from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
 from ..helpers.bootstrap import bootstrap_module
 

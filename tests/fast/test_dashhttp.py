@@ -253,7 +253,7 @@ def test_the_package_and_the_bootstrap_share_one_module():
     shipped = sys.modules["dashhttp"]
     assert dashapi.get_json is shipped.get_json
     assert Path(shipped.__file__).read_text() == Path(dashhttp.__file__).read_text()
-    from jupyter_slurm_ray.shipping import bootstrap_files
+    from jupyter_slurm_ray.job.shipping import bootstrap_files
 
     assert bootstrap_files()["dashhttp.py"] == Path(dashhttp.__file__).read_text()
 
@@ -275,8 +275,8 @@ def _run_python(code: str, env: dict[str, str], *args: str, timeout: float = 120
 
 JOBS_CLIENT = """
 import json, os, sys
-from jupyter_slurm_ray.connect import set_client_environment
-from jupyter_slurm_ray.rayjobs import DirectJobSubmissionClient
+from jupyter_slurm_ray.client.connect import set_client_environment
+from jupyter_slurm_ray.client.rayjobs import DirectJobSubmissionClient
 set_client_environment(os.environ["TOKEN_FILE"], 5)  # token auth on, as after a connect
 client = DirectJobSubmissionClient(sys.argv[1], os.environ["TOKEN"])
 job = client.submit_job(entrypoint="echo hello")
@@ -339,7 +339,7 @@ GRPC_CHANNEL = """
 import json, socket, threading, grpc
 from ray.util.client.common import GRPC_OPTIONS
 from ray._private.grpc_utils import init_grpc_channel
-from jupyter_slurm_ray.connect import direct_ray_client_channel
+from jupyter_slurm_ray.client.connect import direct_ray_client_channel
 
 def head():
     \"\"\"A listener standing in for a head's client port: its port, the connections it got.\"\"\"

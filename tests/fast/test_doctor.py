@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.cli import main
-from jupyter_slurm_ray.connect import local_versions
-from jupyter_slurm_ray.doctor import Report, _check_submit, _pack_check, run_doctor
-from jupyter_slurm_ray.doctor_job import NodeReport
+from jupyter_slurm_ray.client.connect import local_versions
+from jupyter_slurm_ray.doctor.checklist import Report, _check_submit, _pack_check, run_doctor
+from jupyter_slurm_ray.doctor.testjob import NodeReport
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.jobdir import (
+from jupyter_slurm_ray.job.directory import (
     JobDir,
     KernelEnvironment,
     filesystem_type,
@@ -30,6 +29,7 @@ from jupyter_slurm_ray.jobdir import (
 )
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, SSHTransport
+from jupyter_slurm_ray.ui.cli import main
 
 from ..helpers.fakeslurm import FakeSlurm, FakeTransport
 from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)

@@ -19,10 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray import drivernode
-from jupyter_slurm_ray.clientside import ClientSide
-from jupyter_slurm_ray.config import resolve_spec
-from jupyter_slurm_ray.connectmode import (
+from jupyter_slurm_ray.client import drivernode
+from jupyter_slurm_ray.client.mode import (
     CLIENT,
     DRIVER,
     KernelPlace,
@@ -31,15 +29,17 @@ from jupyter_slurm_ray.connectmode import (
     driver_reach_verdict,
     nodes_reach,
 )
+from jupyter_slurm_ray.client.side import ClientSide
+from jupyter_slurm_ray.config import resolve_spec
 from jupyter_slurm_ray.errors import ConnectError, SpecError
-from jupyter_slurm_ray.formatting import status_line
-from jupyter_slurm_ray.jobdir import JobDir
-from jupyter_slurm_ray.magic_args import parse, spec_arguments
+from jupyter_slurm_ray.job.directory import JobDir
+from jupyter_slurm_ray.job.shipping import bootstrap_files
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.shipping import bootstrap_files
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status, record_fields, status_of_record
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport
+from jupyter_slurm_ray.ui.formatting import status_line
+from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
 from ..helpers.bootstrap import BOOTSTRAP_DIR
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.jobdir import probe_site
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.job.directory import probe_site
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.transport import LocalTransport
 
 from ..helpers.bootstrap import bootstrap_module

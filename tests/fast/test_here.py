@@ -19,14 +19,17 @@ import pytest
 
 from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import ArgumentError, ExtendRefused, SpecError
-from jupyter_slurm_ray.hereplan import (
+from jupyter_slurm_ray.job.directory import bootstrap_settings
+from jupyter_slurm_ray.session import Session
+from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
+from jupyter_slurm_ray.slurm.hereplan import (
     choose_hosts,
     head_step,
     parse_allocation,
     plan_here,
     planned_spec,
 )
-from jupyter_slurm_ray.heresteps import (
+from jupyter_slurm_ray.slurm.heresteps import (
     HereSteps,
     StepRun,
     allocation_of,
@@ -35,16 +38,13 @@ from jupyter_slurm_ray.heresteps import (
     scheduler_of,
     step_state,
 )
-from jupyter_slurm_ray.jobdir import bootstrap_settings
-from jupyter_slurm_ray.magic_args import parse, spec_arguments
-from jupyter_slurm_ray.session import Session
-from jupyter_slurm_ray.sitecheck import check_with_slurm
-from jupyter_slurm_ray.slurm import JobInfo, SlurmClient
+from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
+from jupyter_slurm_ray.slurm.usage import fetch_usage
 from jupyter_slurm_ray.spec import ClusterSpec, ignored_here
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import CommandResult
-from jupyter_slurm_ray.usage import fetch_usage
-from jupyter_slurm_ray.widget import ClusterPanel
+from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
+from jupyter_slurm_ray.ui.widget import ClusterPanel
 
 from ..helpers.bootstrap import bootstrap_module
 from ..helpers.fakeslurm import FakeJob, FakeSlurm, FakeTransport

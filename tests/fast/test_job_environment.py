@@ -11,9 +11,9 @@ from traitlets import TraitError
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.jobenv import DEFAULT_EXPORT, drop_reason, exported_names
-from jupyter_slurm_ray.magic_args import parse, spec_arguments
+from jupyter_slurm_ray.job.environment import DEFAULT_EXPORT, drop_reason, exported_names
 from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
 # What a kernel's environment holds and no job may get.
 SECRETS = {

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.jobscript import (
+from jupyter_slurm_ray.job.script import (
     _JOB_DIR_CHECK as JOB_DIR_CHECK,
 )
-from jupyter_slurm_ray.jobscript import (
+from jupyter_slurm_ray.job.script import (
     SETUP_FAILED_EXIT,
     UNTRUSTED_JOB_DIR_EXIT,
     render_job_script,

@@ -14,24 +14,24 @@ import pytest
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import ExtendRefused, SlurmUnavailable, SpecError
-from jupyter_slurm_ray.jobscript import render_job_script
-from jupyter_slurm_ray.localjobs import (
+from jupyter_slurm_ray.job.script import render_job_script
+from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.session import Session
+from jupyter_slurm_ray.slurm.client import SlurmClient
+from jupyter_slurm_ray.slurm.localjobs import (
     LocalJobs,
     is_local_job_id,
     job_limits,
     parse_local_line,
     scheduler_for,
 )
-from jupyter_slurm_ray.magic_args import parse, spec_arguments
-from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.session import Session
-from jupyter_slurm_ray.sitecheck import check_with_slurm
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
+from jupyter_slurm_ray.slurm.usage import fetch_usage
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.targets import Transports
 from jupyter_slurm_ray.transport import LocalTransport
-from jupyter_slurm_ray.usage import fetch_usage
-from jupyter_slurm_ray.widget import ClusterPanel
+from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
+from jupyter_slurm_ray.ui.widget import ClusterPanel
 
 
 # -- the setting ----------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_slurm_ray.magic_args import SUBCOMMANDS, ArgumentError, HelpRequested, parse
 from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.ui.magic_args import SUBCOMMANDS, ArgumentError, HelpRequested, parse
 
 from ..helpers.fakeslurm import FakeSlurm
 from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)

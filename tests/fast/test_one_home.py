@@ -14,9 +14,9 @@ import pytest
 import jupyter_slurm_ray
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SPEC_SETTINGS, SlurmRay
-from jupyter_slurm_ray.jobdir import bootstrap_settings
-from jupyter_slurm_ray.magic_args import _SPEC_OPTIONS, parse
+from jupyter_slurm_ray.job.directory import bootstrap_settings
 from jupyter_slurm_ray.spec import FIELD_NAMES, ClusterSpec
+from jupyter_slurm_ray.ui.magic_args import _SPEC_OPTIONS, parse
 
 BOOTSTRAP = Path(jupyter_slurm_ray.__file__).parent / "bootstrap"
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ClusterSpec)}

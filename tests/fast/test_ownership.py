@@ -25,11 +25,11 @@ from jupyter_slurm_ray.clientevents import request_scale
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import SlurmRayError
 from jupyter_slurm_ray.lease import Lease, LeaseSeen
-from jupyter_slurm_ray.magic_args import parse
 from jupyter_slurm_ray.owner import ProcessIdentity, this_process
 from jupyter_slurm_ray.ownership import Claim, claim_alive, newest_claim
 from jupyter_slurm_ray.registry import ClusterRecord
 from jupyter_slurm_ray.states import State
+from jupyter_slurm_ray.ui.magic_args import parse
 
 from ..helpers.processes import StandIn, dead_process
 from ..helpers.waiting import until

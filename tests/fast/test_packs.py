@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray import packs
 from jupyter_slurm_ray.errors import SpecError
+from jupyter_slurm_ray.job import packs
 from jupyter_slurm_ray.spec import ClusterSpec
 
 from ..helpers.bootstrap import bootstrap_module
@@ -235,7 +235,7 @@ def test_unpacked_packs_unused_for_long_are_pruned(tmp_path) -> None:
 
 def test_the_setting_is_a_trait_and_a_magic_option() -> None:
     from jupyter_slurm_ray.config import SlurmRay
-    from jupyter_slurm_ray.magic_args import parse, spec_arguments
+    from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
     assert "environment" in SlurmRay.class_traits()
     line = parse("up -N 2 -t 10 --environment pack")

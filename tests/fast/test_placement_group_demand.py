@@ -1,4 +1,5 @@
-"""Pending placement groups in adapt's policy (raydemand.py, adaptpolicy.decide): each strategy
+"""Pending placement groups in adapt's policy (elastic/raydemand.py,
+elastic/policy.py's decide): each strategy
 counted as Ray places it (a STRICT_SPREAD group's bundles on distinct nodes, a STRICT_PACK group
 on one node), the room present nodes have used first, groups no node or no maximum can hold
 reported; and Ray's own answers, recorded on the testbed (tests/resources/cluster_status/,
@@ -9,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jupyter_slurm_ray.adaptpolicy import AdaptSettings, JobView, decide
-from jupyter_slurm_ray.raydemand import (
+from jupyter_slurm_ray.elastic.policy import AdaptSettings, JobView, decide
+from jupyter_slurm_ray.elastic.raydemand import (
     PlacementDemand,
     RayView,
     Shape,

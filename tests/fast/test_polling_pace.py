@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.queuecache import SharedQueue
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
+from jupyter_slurm_ray.slurm.queuecache import SharedQueue
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State
 

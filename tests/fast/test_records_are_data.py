@@ -11,7 +11,7 @@ from jupyter_slurm_ray.errors import RegistryError
 from jupyter_slurm_ray.inventory import Entry, Inventory, find_orphans, format_table
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.states import status_of_record
 from jupyter_slurm_ray.targets import Transports
 

@@ -8,12 +8,12 @@ from datetime import datetime
 import jupyter_slurm_ray
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay
-from jupyter_slurm_ray.formatting import format_duration, status_line
-from jupyter_slurm_ray.reprs import cluster_mimebundle
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status
-from jupyter_slurm_ray.widget import ClusterPanel
+from jupyter_slurm_ray.ui.formatting import format_duration, status_line
+from jupyter_slurm_ray.ui.reprs import cluster_mimebundle
+from jupyter_slurm_ray.ui.widget import ClusterPanel
 
 
 def test_durations_read_like_slurm():

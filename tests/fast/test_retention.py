@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray import retention
-from jupyter_slurm_ray.cli import main
+from jupyter_slurm_ray.job import retention
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.ui.cli import main
 
 from ..helpers.fakeslurm import FakeJob
 

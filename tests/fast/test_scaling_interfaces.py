@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.adapt import Adapter
-from jupyter_slurm_ray.adaptpolicy import AdaptSettings
-from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay
-from jupyter_slurm_ray.formatting import status_line
+from jupyter_slurm_ray.elastic.adapt import Adapter
+from jupyter_slurm_ray.elastic.policy import AdaptSettings
+from jupyter_slurm_ray.elastic.raydemand import RayView, Shape
 from jupyter_slurm_ray.naming import job_comment
-from jupyter_slurm_ray.raydemand import RayView, Shape
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status, WorkerJobStatus
-from jupyter_slurm_ray.widget import ClusterPanel
+from jupyter_slurm_ray.ui.cli import main
+from jupyter_slurm_ray.ui.formatting import status_line
+from jupyter_slurm_ray.ui.widget import ClusterPanel
 
 from ..helpers.fakeslurm import FakeJob
 from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.elastic.workerjobs import checked_node_count, worker_minutes
 from jupyter_slurm_ray.errors import SlurmRayError, SpecError
 from jupyter_slurm_ray.inventory import find_orphans
 from jupyter_slurm_ray.naming import (
@@ -17,10 +18,9 @@ from jupyter_slurm_ray.naming import (
     worker_job_comment,
 )
 from jupyter_slurm_ray.registry import ClusterRecord
-from jupyter_slurm_ray.scaling import checked_node_count, worker_minutes
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
+from jupyter_slurm_ray.slurm.watch import watcher_for
 from jupyter_slurm_ray.states import State
-from jupyter_slurm_ray.watch import watcher_for
 
 from ..helpers.bootstrap import bootstrap_module
 from ..helpers.fakeslurm import FakeJob

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray import workermoves
-from jupyter_slurm_ray.adapt import Adapter
-from jupyter_slurm_ray.adaptpolicy import AdaptSettings
 from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.elastic import moves as workermoves
+from jupyter_slurm_ray.elastic.adapt import Adapter
+from jupyter_slurm_ray.elastic.policy import AdaptSettings
+from jupyter_slurm_ray.elastic.raydemand import RayView, Shape
 from jupyter_slurm_ray.errors import Conflict, SlurmRayError, SubmitOutcomeUnknown
 from jupyter_slurm_ray.naming import cluster_id_of_worker_comment
-from jupyter_slurm_ray.raydemand import RayView, Shape
-from jupyter_slurm_ray.watch import watcher_for
+from jupyter_slurm_ray.slurm.watch import watcher_for
 
 from ..helpers.waiting import until
 from .conftest import emit

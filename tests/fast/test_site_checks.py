@@ -9,22 +9,22 @@ import json
 
 import pytest
 
-from jupyter_slurm_ray.accounting import Accounting, forget_cached, load_accounting
 from jupyter_slurm_ray.config import SlurmRay
 from jupyter_slurm_ray.errors import LimitError, SlurmRayError, SpecError
-from jupyter_slurm_ray.limits import check_against_accounting
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.session import Session
-from jupyter_slurm_ray.sitecheck import check_spec, check_with_slurm
-from jupyter_slurm_ray.slurm_output import (
+from jupyter_slurm_ray.slurm.accounting import Accounting, forget_cached, load_accounting
+from jupyter_slurm_ray.slurm.limits import check_against_accounting
+from jupyter_slurm_ray.slurm.output import (
     parse_associations,
     parse_qos,
     parse_sinfo,
     parse_tres,
     tres_amount,
 )
+from jupyter_slurm_ray.slurm.sitecheck import check_spec, check_with_slurm
 from jupyter_slurm_ray.spec import ClusterSpec
-from jupyter_slurm_ray.widget import ClusterPanel
+from jupyter_slurm_ray.ui.widget import ClusterPanel
 
 from ..helpers.fakeslurm import TESTBED_ASSOCIATIONS, TESTBED_PARTITIONS, TESTBED_QOS
 from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)

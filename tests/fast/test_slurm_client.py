@@ -11,10 +11,10 @@ import pytest
 
 from jupyter_slurm_ray.errors import SlurmError, SlurmUnavailable, SpecError
 from jupyter_slurm_ray.naming import job_comment
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
+from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
-from jupyter_slurm_ray.watch import Answer, JobWatcher
 
 from ..helpers.fakeslurm import FakeJob, FakeSlurm
 from ..helpers.waiting import until

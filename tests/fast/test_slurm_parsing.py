@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 
 from jupyter_slurm_ray.errors import SlurmError
-from jupyter_slurm_ray.slurm import (
+from jupyter_slurm_ray.slurm.client import (
     _job_id,
     expand_hostlist,
     parse_duration,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from jupyter_slurm_ray.slurm import JobInfo
+from jupyter_slurm_ray.slurm.client import JobInfo
 from jupyter_slurm_ray.states import EventSummary, State, Status, derive_status
 
 START = Status(State.PENDING, nodes_wanted=3, job_id="9")

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from jupyter_slurm_ray.formatting import format_bytes, usage_summary
-from jupyter_slurm_ray.live import Notices
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.slurm_output import parse_cpu_time, parse_size, parse_usage
-from jupyter_slurm_ray.usage import Usage, fetch_usage, usage_of_rows
+from jupyter_slurm_ray.slurm.output import parse_cpu_time, parse_size, parse_usage
+from jupyter_slurm_ray.slurm.usage import Usage, fetch_usage, usage_of_rows
+from jupyter_slurm_ray.ui.formatting import format_bytes, usage_summary
+from jupyter_slurm_ray.ui.live import Notices
 
 from ..helpers.fakeslurm import FakeJob
 from ..helpers.waiting import until

@@ -11,18 +11,18 @@ from datetime import datetime
 
 import pytest
 
-from jupyter_slurm_ray.cli import main
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.formatting import status_line
-from jupyter_slurm_ray.live import Notices
 from jupyter_slurm_ray.naming import job_comment
-from jupyter_slurm_ray.queueinfo import explain_reason, queue_insight, reasons
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.reprs import cluster_line
+from jupyter_slurm_ray.slurm.queueinfo import explain_reason, queue_insight, reasons
+from jupyter_slurm_ray.slurm.walltime import parse_extension, warning_due
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status
-from jupyter_slurm_ray.walltime import parse_extension, warning_due
+from jupyter_slurm_ray.ui.cli import main
+from jupyter_slurm_ray.ui.formatting import status_line
+from jupyter_slurm_ray.ui.live import Notices
+from jupyter_slurm_ray.ui.reprs import cluster_line
 
 from ..helpers.fakeslurm import FakeJob
 from ..helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)

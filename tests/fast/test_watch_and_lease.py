@@ -6,8 +6,8 @@ import asyncio
 import json
 
 from jupyter_slurm_ray.lease import Lease, renew_interval
-from jupyter_slurm_ray.slurm import JobInfo, SlurmClient
-from jupyter_slurm_ray.watch import Answer, JobWatcher
+from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
+from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
 
 from ..helpers.waiting import until
 

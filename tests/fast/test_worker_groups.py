@@ -9,23 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.adapt import recent_decisions
-from jupyter_slurm_ray.errors import SlurmError, SpecError
-from jupyter_slurm_ray.formatting import scaling_text
-from jupyter_slurm_ray.jobscript import render_job_script
-from jupyter_slurm_ray.magic_args import parse, spec_arguments
-from jupyter_slurm_ray.rotation import due_for_rotation, replaced_and_joined
-from jupyter_slurm_ray.scaling import WorkerJob, WorkerJobs
-from jupyter_slurm_ray.slurm import SlurmClient
-from jupyter_slurm_ray.spec import ClusterSpec, resolve
-from jupyter_slurm_ray.states import State, Status, WorkerJobStatus, status_of_record
-from jupyter_slurm_ray.transport import LocalTransport
-from jupyter_slurm_ray.workergroups import (
+from jupyter_slurm_ray.elastic.adapt import recent_decisions
+from jupyter_slurm_ray.elastic.groups import (
     group_names,
     group_resource,
     group_spec,
     parse_group_option,
 )
+from jupyter_slurm_ray.elastic.rotation import due_for_rotation, replaced_and_joined
+from jupyter_slurm_ray.elastic.workerjobs import WorkerJob, WorkerJobs
+from jupyter_slurm_ray.errors import SlurmError, SpecError
+from jupyter_slurm_ray.job.script import render_job_script
+from jupyter_slurm_ray.slurm.client import SlurmClient
+from jupyter_slurm_ray.spec import ClusterSpec, resolve
+from jupyter_slurm_ray.states import State, Status, WorkerJobStatus, status_of_record
+from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.formatting import scaling_text
+from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
 from ..helpers.waiting import until
 from .conftest import emit, write_connection
@@ -138,7 +138,7 @@ def test_the_magics_take_groups_on_up_and_a_group_on_scale() -> None:
     assert (scale.nodes, scale.name, scale.group) == ("2", "ray", "gpu")
 
 
-# -- walltime rotation (rotation.py) ------------------------------------------------------------
+# -- walltime rotation (elastic/rotation.py) ----------------------------------------------
 def joined_job(job_id: str, ends_at: float | None, **fields) -> WorkerJob:
     return WorkerJob(job_id, "RUNNING", joined=True, ends_at=ends_at, group="short", **fields)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from jupyter_slurm_ray.shipping import bootstrap_files
+from jupyter_slurm_ray.job.shipping import bootstrap_files
 
 from .jobs import in_queue, queue_state
 from .paths import REPO, VENV_ACTIVATE, VENV_PYTHON

@@ -113,7 +113,7 @@ def ray_in_subprocess(
     if token_path is not None:
         # the package's own connect: token settings and retries of Ray Client's known flakes
         connect = (
-            "from jupyter_slurm_ray.connect import connect_ray_client\n"
+            "from jupyter_slurm_ray.client.connect import connect_ray_client\n"
             f"connect_ray_client({address!r}, {token_path!r}, timeout=30)\n"
         )
     else:

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from jupyter_slurm_ray.errors import TransportError
-from jupyter_slurm_ray.formatting import format_duration
-from jupyter_slurm_ray.slurm import AS_THIS_USER
-from jupyter_slurm_ray.slurm_output import parse_duration
+from jupyter_slurm_ray.slurm.client import AS_THIS_USER
+from jupyter_slurm_ray.slurm.output import parse_duration
 from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, LocalTransport
+from jupyter_slurm_ray.ui.formatting import format_duration
 
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr")
 NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"

@@ -9,7 +9,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 from jupyter_slurm_ray import session as session_module
-from jupyter_slurm_ray.magics import SlurmRayMagics
+from jupyter_slurm_ray.ui.magics import SlurmRayMagics
 
 __all__ = ["ipython_shell", "magic"]  # the fixtures, for `import *` in test modules
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from jupyter_slurm_ray.slurm import SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.transport import Transport
 
 from .testbed import USER, runuser

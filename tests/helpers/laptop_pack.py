@@ -14,9 +14,9 @@ import time
 
 import ray
 
-from jupyter_slurm_ray import packs
 from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.job import packs
 from jupyter_slurm_ray.registry import Registry
 
 from .clusters import cluster_spec

@@ -22,8 +22,8 @@ from pathlib import Path
 import requests
 
 from jupyter_slurm_ray.aio import run_sync
+from jupyter_slurm_ray.client.connect import ConnectionInfo
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.connect import ConnectionInfo
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 

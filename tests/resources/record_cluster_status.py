@@ -1,5 +1,5 @@
 """Record Ray's ``api/cluster_status`` answers with pending placement groups, for the fast
-tests of ``raydemand.py`` (tests/fast/test_placement_group_demand.py reads them from
+tests of ``elastic/raydemand.py`` (tests/fast/test_placement_group_demand.py reads them from
 ``tests/resources/cluster_status/``). Run again when Ray's version changes, on the testbed:
 
     scripts/testbed exec -- env PYTHONPATH=$PWD <venv>/bin/python \
@@ -39,7 +39,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jupyter_slurm_ray.bootstrap import dashhttp
-from jupyter_slurm_ray.connect import connect_ray_client
+from jupyter_slurm_ray.client.connect import connect_ray_client
 
 address, token_path, url, out = sys.argv[1:5]
 connect_ray_client(address, token_path, timeout=30)

@@ -1,0 +1,211 @@
+"""How this kernel connects to a cluster, and why: Ray Client through the head, or as an
+ordinary Ray driver through a Ray node of its own host (driver mode, ``client/drivernode.py``).
+
+``connect = "auto"`` chooses driver mode when this kernel can be one of the cluster's nodes: it
+runs in a Slurm job (or on a host ``driver_hosts`` names, or the cluster runs in the kernel's
+own allocation), the cluster's job dir is this user's and on this host's filesystem, its node
+joined (so this host reaches the head's GCS), and every node of the cluster's allocation
+reaches that node's ports (one ``srun --overlap`` step in the cluster's job: ``nodes_reach``).
+Anything else means Ray Client, with the reason shown beside the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import random
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SlurmRayError
+from ..slurm.heresteps import allocation_of, is_here_job_id
+from ..spec import ClusterSpec
+from ..transport import Transport
+
+__all__ = [
+    "CLIENT",
+    "DRIVER",
+    "ConnectMode",
+    "KernelPlace",
+    "driver_obstacle",
+    "node_reaches_kernel",
+    "nodes_reach",
+]
+
+CLIENT, DRIVER = "client", "driver"
+REACH_TIMEOUT = 30.0  # the srun step of nodes_reach, in all (s)
+_MARK = "JSR-REACH"
+# bash -c PROBE jsr-reach IP PORT: one line per node, whether it connected to IP:PORT
+_PROBE = (
+    'node="${SLURMD_NODENAME:-$(hostname -s)}"; '
+    'if timeout 5 bash -c \'exec 3<>"/dev/tcp/$0/$1"\' "$1" "$2" 2>/dev/null; '
+    f'then echo "{_MARK} ok $node"; else echo "{_MARK} failed $node"; fi'
+)
+
+
+@dataclass(frozen=True)
+class ConnectMode:
+    """The way this process connects (``mode``: driver or client) and why."""
+
+    mode: str
+    reason: str
+
+    @property
+    def driver(self) -> bool:
+        return self.mode == DRIVER
+
+    def describe(self) -> str:
+        """``Ray driver (auto: …)`` / ``Ray Client (auto: …)``."""
+        return f"{'Ray driver' if self.driver else 'Ray Client'} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class KernelPlace:
+    """Where this kernel runs, as driver mode's choice needs it."""
+
+    host: str
+    slurm_job: str | None  # the Slurm job it runs in, if any
+    driver_hosts: tuple[str, ...] = ()  # site setting: hosts outside jobs that are cluster nodes
+
+    @classmethod
+    def here(
+        cls, driver_hosts: Sequence[str] = (), environ: Mapping[str, str] | None = None
+    ) -> KernelPlace:
+        environ = os.environ if environ is None else environ
+        job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
+        return cls(socket.gethostname().split(".")[0], job, tuple(driver_hosts))
+
+    def on_cluster_network(self) -> str | None:
+        """Why this kernel is on the cluster's network (None: no sign of it)."""
+        if self.slurm_job:
+            return f"this kernel runs in Slurm job {self.slurm_job} on {self.host}"
+        if any(fnmatch.fnmatch(self.host, pattern) for pattern in self.driver_hosts):
+            return f"driver_hosts names {self.host}"
+        return None
+
+
+def driver_obstacle(spec: ClusterSpec, job_dir: str, place: KernelPlace) -> str | None:
+    """Why this kernel cannot be a Ray node of the cluster of ``job_dir`` (None: it may, if
+    the nodes reach it). Told in words for the status line."""
+    in_allocation = spec.mode == "here"  # `up --here`: the kernel's own allocation
+    if spec.mode == "local":
+        return "local mode: the head runs on this machine"
+    if not in_allocation and place.on_cluster_network() is None:
+        return "this kernel does not run in a Slurm job (nor on a host driver_hosts names)"
+    return job_dir_obstacle(job_dir)
+
+
+def job_dir_obstacle(job_dir: str) -> str | None:
+    """The job dir must be here, and this user's: the driver node runs its bootstrap."""
+    try:
+        info = Path(job_dir, "bootstrap.json").stat()
+    except OSError:
+        return "the cluster's job dir is not on this host's filesystem"
+    if info.st_uid != os.getuid():
+        return "the cluster's job dir belongs to another user (command_prefix)"
+    return None
+
+
+async def nodes_reach(
+    transport: Transport, job_id: str, nodes: int, ip: str, port: int, hosts: str | None = None
+) -> str | None:
+    """None once every node of the job's allocation (or ``hosts`` of it) connected to
+    ``ip:port`` (one ``srun --overlap`` step, a task per node); else which did not, or why the
+    step failed. ``job_id`` is a Slurm job's, or a ``--here`` cluster's (its allocation's)."""
+    allocation = allocation_of(job_id) if is_here_job_id(job_id) else job_id
+    where = [f"--nodelist={hosts}"] if hosts else []
+    argv = [
+        "srun", f"--jobid={allocation}", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
+        *where, "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "-c", _PROBE,
+        "jsr-reach", ip, str(port),
+    ]  # fmt: skip
+    try:
+        result = await transport.run(argv, timeout=REACH_TIMEOUT, check=False)
+    except SlurmRayError as exc:
+        return f"the reach check (srun) did not run: {exc}"
+    said = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith(_MARK)]
+    said = [words for words in said if len(words) == 2]
+    failed = sorted(node for verdict, node in said if verdict != "ok")
+    if failed:
+        return f"{', '.join(failed)} cannot reach this kernel's Ray node at {ip}:{port}"
+    if len(said) < nodes:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        why = lines[-1].strip() if lines else f"exit status {result.returncode}"
+        return f"the reach check (srun) answered for {len(said)} of {nodes} nodes: {why}"
+    return None
+
+
+def local_address_toward(ip: str) -> str | None:
+    """This host's address on the route toward ``ip`` (a UDP "connect" sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((ip, 9))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return None
+
+
+async def node_reaches_kernel(
+    transport: Transport, job_id: str, toward: str, port_range: tuple[int, int]
+) -> tuple[str, str | None]:
+    """``doctor``: whether the job's node connects to a listener of this process on a port of
+    ``port_range``, on this host's address toward ``toward`` (the node's): (where, None when
+    it did, else why not)."""
+    ip = local_address_toward(toward)
+    if ip is None:
+        return f"toward {toward}", f"this host has no route toward {toward}"
+    low, high = port_range
+    for port in random.sample(range(low, high + 1), min(50, high - low + 1)):
+        try:
+            server = await asyncio.start_server(_hang_up, ip, port)
+        except OSError:
+            continue
+        try:
+            return f"{ip}:{port}", await nodes_reach(transport, job_id, 1, ip, port)
+        finally:
+            server.close()
+            await server.wait_closed()
+    return ip, f"no free port in {low}-{high} on this host"
+
+
+async def _hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
+def driver_reach_plan(spec: ClusterSpec, place: KernelPlace) -> str | None:
+    """``doctor``: why driver mode is not checked from here (None: check it)."""
+    if spec.connect == CLIENT:
+        return "connect = client: clusters connect with Ray Client"
+    if spec.mode == "local":
+        return "local mode: clusters connect with Ray Client to this machine"
+    where = place.on_cluster_network()
+    if spec.connect == "auto" and where is None:
+        return (
+            "auto connects with Ray Client from here: this kernel does not run in a Slurm job "
+            "(nor on a host driver_hosts names)"
+        )
+    return None
+
+
+def driver_reach_verdict(
+    skipped: str | None,
+    node: str | None,
+    reached: bool | None,
+    where: str | None,
+    error: str | None,
+) -> tuple[str, str, str]:
+    """``doctor``'s driver line: (status, detail, fix)."""
+    if skipped:
+        return "skip", skipped, ""
+    if reached is None:
+        return "skip", "not checked: the test job did not run the node's checks", ""
+    if reached:
+        return "ok", f"{node} reached this kernel at {where}: driver mode works from here", ""
+    fix = (
+        "ask the site which ports compute nodes may open toward this host (port_range), or "
+        "connect = 'client' (Ray Client through the head)"
+    )
+    return "fail", f"{node} did not reach this kernel at {where}: {error}", fix

@@ -1,0 +1,1 @@
+"""``doctor``: whether this site is ready for a cluster, as a checklist with fixes."""

@@ -1,0 +1,330 @@
+"""What ``%slurm_ray`` and ``jupyter slurm-ray`` both do, written once: list, down, logs,
+forget, gc (orphaned jobs, then what ended clusters left on disk), extend, doctor. Each returns
+the lines to print (doctor: its report); the callers only parse arguments and print."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..aio import run_sync
+from ..config import resolve_spec
+from ..elastic.groups import checked_name
+from ..elastic.workerjobs import checked_node_count
+from ..errors import SlurmRayError, SlurmUnavailable
+from ..inventory import Entry, Orphan, find_orphans, format_table
+from ..job import packs, retention
+from ..job.directory import probe_site
+from ..naming import is_cluster_id
+from ..registry import ClusterRecord
+from ..session import Session
+from ..slurm.client import SlurmClient
+from ..slurm.walltime import parse_extension
+from ..transport import LocalTransport, Transport
+from .formatting import extension_line, format_bytes, status_line
+
+if TYPE_CHECKING:
+    from ..doctor.checklist import Report
+
+__all__ = [
+    "add_arguments",
+    "doctor",
+    "down",
+    "extend",
+    "forget",
+    "gc",
+    "list_table",
+    "logs",
+    "scale",
+]
+
+Confirm = Callable[[Orphan], bool]
+ConfirmRemoval = Callable[[str], bool]  # the question: remove these N things (size)?
+
+NAME_HELP = "a cluster name, id or Slurm job id"
+NODES_HELP = "Ray nodes in all: the head's allocation plus one-node worker jobs"
+AMOUNT_HELP = "walltime to add: +30 (minutes) or a Slurm duration like +1:00:00"
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser, name_help: str) -> None:
+    """The arguments ``command`` (down, logs, forget, extend) takes, in the magic and the CLI."""
+    parser.add_argument("name", nargs="?", help=name_help)
+    if command == "down":
+        parser.add_argument("--all", action="store_true", help="every active cluster")
+    elif command == "logs":
+        parser.add_argument("--node", metavar="HOST", help="this node's Ray log instead")
+        parser.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines")
+    elif command == "forget":
+        parser.add_argument("--ended", action="store_true", help="every ended cluster")
+    elif command == "extend":
+        parser.add_argument("amount", metavar="AMOUNT", help=AMOUNT_HELP)
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
+    """``scale N [NAME]``, in the magic and the CLI (N checked by the cluster, one line)."""
+    parser.add_argument("nodes", metavar="N", help=NODES_HELP)
+    parser.add_argument("name", nargs="?", help=name_help)
+    parser.add_argument(
+        "--group", help="a worker group of the cluster: N is then its worker jobs (0 or more)"
+    )
+
+
+def list_table(session: Session) -> str:
+    """The registry's clusters reconciled with Slurm (ended ones past the retention are
+    forgotten first)."""
+    days = float(session.setting("record_retention_days", 7.0))
+    session.registry().prune(days * 86400)
+    return format_table(run_sync(session.inventory().entries()))
+
+
+def down(session: Session, name: str | None, *, everything: bool = False) -> list[str]:
+    """Stop the cluster ``name`` (None: this kernel's current one), or every active one."""
+    if everything and name:
+        raise SlurmRayError("give a cluster NAME or --all, not both")
+    if everything:
+        entries = run_sync(session.inventory().entries())
+        clusters = [session.find(e.id) for e in entries if e.active and not e.error]
+        if not clusters:
+            return ["no active clusters"]
+    else:
+        clusters = [session.find(name)]
+    lines = []
+    for cluster in clusters:
+        cluster.down()
+        lines.append(f"{cluster.spec.name} ({cluster.id}): {status_line(cluster.status)}")
+    return lines
+
+
+def scale(
+    session: Session, name: str | None, nodes: str | int, group: str | None = None
+) -> list[str]:
+    """Scale the cluster ``name`` (None: this kernel's current one) to ``nodes`` Ray nodes in
+    all (or, with a worker ``group``, to ``nodes`` worker jobs of it). Its owner scales it;
+    any other process asks the owner (a ``scale_request`` event)."""
+    count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
+    if group is not None:
+        checked_name("group", group)
+    cluster = session.find(name)
+    of = f" of group {group}" if group else ""
+    if cluster.owned_here:
+        status = cluster.scale(count, group=group)
+        pending = status.worker_jobs_pending
+        waiting = f"; {len(pending)} worker job(s) pending" if pending else ""
+        line = f"{cluster.spec.name}: {status.nodes_joined}/{status.nodes_wanted} nodes{waiting}"
+        return [line + (f" (group {group}: {count} wanted)" if group else "")]
+    cluster.request_scale(count, group)
+    return [f"{cluster.spec.name}: scaling to {count} nodes{of} asked of its owner (it applies it)"]
+
+
+def extend(session: Session, name: str | None, amount: str) -> list[str]:
+    """Add walltime to the cluster ``name`` (None: this kernel's current one) with
+    ``scontrol update``; ExtendRefused carries Slurm's words and what to do."""
+    parse_extension(amount)  # a bad amount is refused before anything is looked up
+    cluster = session.find(name)
+    done = cluster.extend(amount)
+    return [extension_line(cluster.spec.name, done.minutes, done.time_left, done.time_limit)]
+
+
+def logs(session: Session, name: str | None, *, node: str | None, tail: int) -> str:
+    if not 0 < tail <= 100_000:
+        raise SlurmRayError(f"--tail: {tail} is not a number of lines from 1 to 100000")
+    cluster = session.find(name)
+    text = cluster.logs(node=node, tail=tail)
+    return text or f"no output yet for {cluster.spec.name} (job {cluster.job_id})"
+
+
+def forget(session: Session, name: str | None, *, ended: bool = False) -> list[str]:
+    """Delete the record of an ended cluster (its job dir, with the logs, stays), or of every
+    ended cluster; an unreadable record can be forgotten by its id."""
+    if bool(name) == bool(ended):
+        raise SlurmRayError("give a cluster NAME or --ended")
+    entries = run_sync(session.inventory().entries())
+    if ended:
+        chosen = [e for e in entries if e.record is not None and e.status.state.is_final]
+        if not chosen:
+            return ["no ended clusters"]
+    else:
+        chosen = [_entry_named(entries, name or "")]
+    registry = session.registry()
+    lines = []
+    for entry in chosen:
+        if entry.active:
+            raise SlurmRayError(
+                f"{entry.id} is {entry.state}: stop it first (down), then forget it"
+            )
+        registry.delete(entry.id)
+        what = "unreadable record" if entry.unreadable else entry.state
+        lines.append(f"forgot {entry.id} ({what})")
+    return lines
+
+
+def _entry_named(entries: list[Entry], name: str) -> Entry:
+    matches = [
+        e
+        for e in entries
+        if name == e.id or (e.record is not None and name in (e.record.name, e.record.job_id))
+    ]
+    if not matches:
+        raise SlurmRayError(f"no cluster {name!r} in the registry")
+    return matches[-1]
+
+
+def gc(
+    session: Session,
+    jobs: list[str],
+    confirm: Confirm,
+    *,
+    dry_run: bool = False,
+    confirm_removal: ConfirmRemoval | None = None,
+) -> list[str]:
+    """Offer to cancel our tagged jobs that no live record owns (see ``find_orphans``), then
+    prune what ended clusters left on disk past ``record_retention_days`` (``job/retention.py``:
+    job dirs, unused packs, cached packs), after ``confirm_removal``. ``dry_run``: say what
+    would be done and the space it would free; do nothing. ``jobs``: only these job or
+    cluster ids (their job dirs; no packs)."""
+    cancelled: set[str] = set()
+    lines = _cancel_orphans(session, jobs, confirm, dry_run, cancelled)
+    return [*lines, *_prune(session, jobs, dry_run, confirm_removal or _yes, cancelled)]
+
+
+def _yes(question: str) -> bool:
+    return True
+
+
+def _cancel_orphans(
+    session: Session, jobs: list[str], confirm: Confirm, dry_run: bool, cancelled: set[str]
+) -> list[str]:
+    """Orphaned jobs offered and cancelled (their cluster ids added to ``cancelled``)."""
+    slurm = SlurmClient(session.transport())
+    try:
+        orphans = run_sync(find_orphans(slurm, session.registry()))
+    except SlurmUnavailable as exc:
+        return [f"orphaned jobs not looked for: Slurm did not answer ({exc})"]
+    if jobs:
+        wanted = set(jobs)
+        orphans = [o for o in orphans if {o.job_id, o.cluster_id} & wanted]
+    if not orphans:
+        return ["no orphaned jobs"]
+    lines = [f"job {o.job_id} (cluster {o.cluster_id}): {o.why}" for o in orphans]
+    if dry_run:
+        return [*lines, f"would cancel {len(orphans)} job(s) (after asking, or with --yes)"]
+    chosen = [o for o in orphans if confirm(o)]
+    for orphan in chosen:
+        run_sync(slurm.cancel(orphan.job_id))
+        cancelled.add(orphan.cluster_id)
+        lines.append(f"cancelled job {orphan.job_id}")
+    if len(chosen) < len(orphans):
+        lines.append(f"kept {len(orphans) - len(chosen)} job(s); --yes cancels without asking")
+    return lines
+
+
+def _prune(
+    session: Session,
+    jobs: list[str],
+    dry_run: bool,
+    confirm_removal: ConfirmRemoval,
+    cancelled: set[str],
+) -> list[str]:
+    """What ended clusters left on disk, past the retention: said, or (asked) removed."""
+    days = float(session.setting("record_retention_days", 7.0))
+    registry = session.registry()
+    records, unreadable = registry.scan()
+    spared = {u.id: f"its record cannot be read ({u.error})" for u in unreadable}
+    spared |= dict.fromkeys(cancelled, "its job was cancelled just now")
+    only = _clusters_named(jobs, records) if jobs else None
+    places, lines = _places(session, records)
+    pruning = run_sync(
+        retention.plan(
+            places,
+            records,
+            retention=days * retention.DAY,
+            cache_dir=packs.cache_dir(),
+            only=only,
+            spared=spared,
+        )
+    )
+    lines += pruning.skipped
+    will = "would remove" if dry_run else "to remove"
+    lines += [
+        f"{will} {r.what} {r.path} ({r.why}): {format_bytes(r.size)}" for r in pruning.removals
+    ]
+    if dry_run:
+        lines += pruning.kept
+    if not pruning.removals:
+        return [*lines, f"nothing on disk to prune (ended or unused for more than {days:g} days)"]
+    if dry_run:
+        return [*lines, f"would free {format_bytes(pruning.size)}"]
+    question = (
+        f"remove {len(pruning.removals)} job dir(s) and pack(s), {format_bytes(pruning.size)}?"
+    )
+    if not confirm_removal(question):
+        return [*lines, "removed nothing; --yes removes without asking"]
+    done = run_sync(retention.apply(pruning))
+    forgotten = registry.prune(days * retention.DAY)
+    return [
+        *lines,
+        f"freed {format_bytes(sum(r.size for r in done))}: removed {len(done)} of "
+        f"{len(pruning.removals)}"
+        + (f"; forgot {len(forgotten)} ended record(s)" if forgotten else ""),
+    ]
+
+
+def _clusters_named(jobs: list[str], records: list[ClusterRecord]) -> set[str]:
+    wanted = set(jobs)
+    return {r.id for r in records if r.job_id in wanted} | {j for j in wanted if is_cluster_id(j)}
+
+
+def _places(
+    session: Session, records: list[ClusterRecord]
+) -> tuple[list[tuple[Transport, str]], list[str]]:
+    """Where job dirs are: the configured job dir root and the roots of the records this
+    process can reach, each resolved and trust-checked once per machine; lines for those
+    skipped."""
+    configured = session.transport()
+    wanted = [(configured, resolve_spec({}, config=session.config)[0].job_dir_root)]
+    wanted += [
+        (session.transport(r.target), r.job_dir.rsplit("/", 1)[0])
+        for r in records
+        if session.transports.reaches(r.target)
+    ]
+    places, seen, skipped = [], set(), []
+    for transport, root in wanted:
+        try:
+            resolved = run_sync(probe_site(transport, root)).job_dir_root
+        except SlurmRayError as exc:
+            skipped.append(f"skipped the job dir root {root}: {exc}")
+            continue
+        if (_machine(transport), resolved) not in seen:
+            seen.add((_machine(transport), resolved))
+            places.append((transport, resolved))
+    return places, sorted(set(skipped))
+
+
+def _machine(transport: Transport) -> object:
+    """Which machine and user a transport's files are (a local-mode sibling shares them)."""
+    if isinstance(transport, LocalTransport):
+        return ("here", tuple(transport.command_prefix))
+    return transport.target
+
+
+def doctor(
+    session: Session,
+    arguments: dict[str, Any],
+    *,
+    profile: str | None = None,
+    setup: list[str] | None = None,
+    queue_timeout: float = 120.0,
+) -> Report:
+    """The checklist for the request these settings mean (as ``up`` would resolve them), with
+    one short test job on a compute node (always cancelled)."""
+    from ..doctor.checklist import (
+        run_doctor,  # its checks are imported when asked for, not with the magics
+    )
+
+    spec, _ = resolve_spec(arguments, profile=profile, config=session.config)
+    if setup:
+        spec = spec.replace(setup=(*spec.setup, *setup))
+    hosts = session.setting("driver_hosts", ())
+    report = run_doctor(spec, session.transport(), queue_timeout=queue_timeout, driver_hosts=hosts)
+    return run_sync(report)
