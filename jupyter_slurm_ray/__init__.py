@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import display
 from .errors import (
     CommandError,
     ConnectError,
@@ -50,6 +51,21 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _cluster_mimebundle(cluster: Any, include: Any, exclude: Any) -> dict[str, Any]:
+    from .ui.reprs import cluster_mimebundle  # on first display: importing the package stays cheap
+
+    return cluster_mimebundle(cluster, include, exclude)
+
+
+def _status_line(status: Any) -> str:
+    from .ui.formatting import status_line
+
+    return status_line(status)
+
+
+display.set_renderer(_cluster_mimebundle, _status_line)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from . import display
 from .aio import blocking, run_sync
 from .client import connect as ray_client
 from .client.side import ClientSide
@@ -181,12 +182,12 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             self._observers.remove(observer)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from .ui.reprs import cluster_mimebundle
-
-        return cluster_mimebundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def __repr__(self) -> str:
-        return f"<SlurmRayCluster {self.spec.name} ({self.id}): {self._status.describe()}>"
+        return (
+            f"<SlurmRayCluster {self.spec.name} ({self.id}): {display.status_text(self._status)}>"
+        )
 
     @property
     def dashboard_url(self) -> str | None:
@@ -399,7 +400,9 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         """Connect this kernel: as a Ray driver through a Ray node of this host, or with Ray
         Client (through SSH forwards when remote), as ``mode`` (else ``spec.connect``) says."""
         if not (self._status.state.is_up or self._follower.events.head_ready):
-            raise ConnectError(f"cluster {self.spec.name} is {self._status.describe()}, not READY")
+            raise ConnectError(
+                f"cluster {self.spec.name} is {display.status_text(self._status)}, not READY"
+            )
         if mode is not None:
             self.spec.replace(connect=mode)  # checked as the setting is
         job_id = self._status.job_id or ""
@@ -654,7 +657,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
                 "cluster %s ended while connected (%s); Ray calls will fail until you connect "
                 "to a running cluster",
                 self.spec.name,
-                status.describe(),
+                display.status_text(status),
             )
         self._set_status(status)
 

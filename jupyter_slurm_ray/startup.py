@@ -11,17 +11,29 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import ClusterTimeout, RayStartError
 from .states import State, Status
 
 if TYPE_CHECKING:
-    from .cluster import SlurmRayCluster
+    from .spec import ClusterSpec
+
+
+class Starting(Protocol):
+    """What waiting reads of a cluster (``cluster.SlurmRayCluster``)."""
+
+    spec: ClusterSpec
+    _changed: asyncio.Event | None
+
+    @property
+    def status(self) -> Status: ...
+    async def down_async(self, timeout: float = 60.0) -> Status: ...
+    async def logs_async(self, node: str | None = None, tail: int = 100) -> str: ...
 
 
 async def wait_until(
-    cluster: SlurmRayCluster,
+    cluster: Starting,
     reached: Callable[[Status], bool],
     *,
     queue_timeout: float | None = None,

@@ -124,11 +124,23 @@ class Status:
             return False
         return all(getattr(self, k) == getattr(other, k) for k in _COMPARED)
 
-    def describe(self, now: float | None = None) -> str:
-        """One line for humans: ``PENDING (Resources) · job 12 · est. start 12:03``."""
-        from .ui.formatting import status_line
+    def walltime_left(self, now: float | None = None) -> float | None:
+        """Seconds of walltime left now, counted down from Slurm's last answer."""
+        if self.time_left is None:
+            return None
+        now = time.time() if now is None else now
+        return max(0.0, self.time_left - (now - self.at))
 
-        return status_line(self, now=now)
+    def brief(self) -> str:
+        """The state, its reason, the job and who owns it when this process does not, for
+        messages: ``PENDING (Resources) · job 12`` (the whole line a person reads is
+        ``ui.formatting.status_line``)."""
+        parts = [f"{self.state.value} ({self.reason})" if self.reason else self.state.value]
+        if self.job_id:
+            parts.append(f"job {self.job_id}")
+        if self.ownership and not self.state.is_final:
+            parts.append(self.ownership)
+        return " · ".join(parts)
 
 
 _COMPARED = tuple(f.name for f in fields(Status) if f.name not in ("at", "time_left", "time_limit"))

@@ -24,6 +24,7 @@ from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
+from jupyter_slurm_ray.ui.formatting import status_line
 
 from .helpers.clusters import (
     cluster_spec,
@@ -97,7 +98,7 @@ class TestTheController:
             noticed = time.monotonic() - paused
             time.sleep(max(0.0, IDLE * 2 - noticed))  # well past the idle timeout
             assert connected.state is State.CONNECTED
-            shown = connected.status.describe()
+            shown = status_line(connected.status)
             assert "Slurm not answering for" in shown
             assert connected.registry.load(connected.id).slurm_unreachable_since == silent
         resumed = time.monotonic()
@@ -114,7 +115,7 @@ class TestTheController:
 
     def test_a_restarted_controller_never_ends_a_connected_cluster(self, connected):
         seen: list[str] = []
-        connected.add_observer(lambda status: seen.append(status.describe()))
+        connected.add_observer(lambda status: seen.append(status_line(status)))
         killed = time.monotonic()
         restart_controller(down_for=IDLE * 1.5)
         back = time.monotonic() - killed
@@ -231,7 +232,7 @@ def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry):
         assert not in_queue(cluster.job_id)  # not requeued
     record_figure(
         "node set DOWN under a 2-node cluster",
-        user_saw=status.describe(),
+        user_saw=status_line(status),
         reported_after_s=round(reported, 1),
         nothing_left_after_s=round(gone_after + reported, 1),
     )
@@ -255,7 +256,7 @@ def test_a_killed_raylet_is_shown_lost_and_the_rest_keeps_working(registry):
         assert run_a_task() == cluster.status.nodes[0]
         record_figure(
             "worker raylet SIGKILLed",
-            user_saw=status.describe(),
+            user_saw=status_line(status),
             reported_after_s=round(reported, 1),
             cluster_ended=False,
         )

@@ -29,11 +29,13 @@ from .groups import DEFAULT_GROUP
 from .moves import Moves
 from .policy import AdaptSettings, Decision, JobView, Memory, checked_settings, decide
 from .raydemand import RayView, Shape, parse_cluster_status
+from .scaling import ClusterScaling
 from .workerjobs import worker_minutes
 
 if TYPE_CHECKING:
-    from ..cluster import SlurmRayCluster
+    from ..client.side import ClientSide
     from ..registry import ClusterRecord
+    from ..states import State, Status
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class Adapter:
     """The loop of one cluster's adaptive scaling."""
 
     def __init__(
-        self, cluster: SlurmRayCluster, settings: AdaptSettings, interval: float = INTERVAL
+        self, cluster: ClusterAdapting, settings: AdaptSettings, interval: float = INTERVAL
     ) -> None:
         self.cluster = cluster
         self.settings = settings
@@ -340,10 +342,27 @@ def _checked_or_default(
     )
 
 
-class ClusterAdapting:
+class ClusterAdapting(ClusterScaling):
     """``adapt()`` for ``SlurmRayCluster`` (a mixin: see cluster.py)."""
 
     _adapter: Adapter | None = None
+    _client: ClientSide
+
+    @property
+    def state(self) -> State:
+        raise NotImplementedError
+
+    @property
+    def status(self) -> Status:
+        raise NotImplementedError
+
+    @property
+    def owned_here(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
 
     async def adapt_async(
         self,
@@ -362,7 +381,7 @@ class ClusterAdapting:
         ``adapt(False)`` stops (as ``stop_adapting()``). Defaults: ``SlurmRay.adapt_*``
         settings. SpecError (one line, naming the field) for bad input; nothing changes then.
         Returns the settings in force (None when stopped)."""
-        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        cluster = self
         if minimum is False:
             await self.stop_adapting_async()
             return None
@@ -399,7 +418,7 @@ class ClusterAdapting:
         """From a process that does not own the cluster (the CLI, another kernel, the server):
         ask its owner to adapt with these settings (checked here first, one line), or to stop;
         an ``adapt_request`` event the owner reads anyway and applies."""
-        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        cluster = self
         record = cluster.registry.load(cluster.id)
         if record is not None and record.owner_gone:
             raise SlurmRayError(
@@ -441,14 +460,14 @@ class ClusterAdapting:
         adapter, self._adapter = self._adapter, None
         if adapter is not None:
             await adapter.stop()
-            self._update_state()  # type: ignore[attr-defined]
+            self._update_state()
 
     stop_adapting = blocking(stop_adapting_async)
 
     def _refuse_while_adapting(self, group: str) -> None:
         """Conflict when a manual scale of ``group`` would fight the adapt loop: adapt alone
         sizes the default worker jobs while it runs (other groups are scaled by hand)."""
-        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        cluster = self
         adapter = self.adapting
         if adapter is not None and group == adapter.settings.group:
             raise Conflict(adapter.settings.refuses_scale(cluster.spec.name))
@@ -456,7 +475,7 @@ class ClusterAdapting:
     async def _refuse_if_recorded_adapting(self, record: ClusterRecord) -> None:
         """The same rule for another process: Conflict when the owner adapts, as its record
         and the adapt requests made since it was written tell."""
-        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        cluster = self
         settings = await recorded_adapting(record, cluster._job_dir())
         if settings is not None:
             raise Conflict(settings.refuses_scale(cluster.spec.name))
@@ -476,7 +495,7 @@ class ClusterAdapting:
         """What the status shows of scaling: adapt's lines while it runs, else the last
         scaling decisions (scale, rotation) told in the events, with their cause; then the
         worker jobs being drained."""
-        cluster: SlurmRayCluster = self  # type: ignore[assignment]
+        cluster = self
         adapter = self._adapter
         events = cluster._follower.events.events
         lines = adapter.lines() if adapter is not None else recent_decisions(events)

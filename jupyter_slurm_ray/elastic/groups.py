@@ -19,12 +19,24 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from ..errors import SpecError
 
-if TYPE_CHECKING:
-    from ..spec import ClusterSpec
+
+class GroupedSpec(Protocol):
+    """What worker groups read of a ``ClusterSpec`` (which checks its groups with this module)."""
+
+    @property
+    def worker_groups(self) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]: ...
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def setup(self) -> tuple[str, ...]: ...
+    def replace(self: Spec, **changes: Any) -> Spec: ...
+
+
+Spec = TypeVar("Spec", bound=GroupedSpec)
 
 DEFAULT_GROUP = "default"
 GROUP_ENV = "JSR_WORKER_GROUP"  # in a worker job's environment: the bootstrap's Ray resource
@@ -91,12 +103,12 @@ def _setting(where: str, key: Any, value: Any) -> tuple[str, Any]:
     return name, value
 
 
-def group_names(spec: ClusterSpec) -> list[str]:
+def group_names(spec: GroupedSpec) -> list[str]:
     """The groups a worker job of this cluster can belong to: ``default`` first."""
     return [DEFAULT_GROUP, *(name for name, _ in spec.worker_groups if name != DEFAULT_GROUP)]
 
 
-def group_spec(spec: ClusterSpec, group: str) -> ClusterSpec:
+def group_spec(spec: Spec, group: str) -> Spec:
     """The spec of one worker job of ``group``: the cluster's, on one node, with the group's
     settings (each checked as that setting is; errors name ``worker_groups.<group>.<key>``);
     its ``setup`` lines run after the cluster's, its ``env`` adds to the cluster's."""

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import (
     SlurmError,
@@ -33,9 +33,11 @@ from ..errors import (
 )
 from ..job.directory import JobDir
 from .groups import DEFAULT_GROUP
+from .workerjob import WorkerJob
 
 if TYPE_CHECKING:
-    from .workerjobs import WorkerJob, WorkerJobs
+    from ..slurm.client import SlurmClient
+    from ..transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,29 @@ DRAIN_GRACE = 15.0  # after the drain timeout: the bootstrap's own stop, then sc
 T = TypeVar("T")
 
 
+class WorkerBook(Protocol):
+    """What the moves read and change of a cluster's worker jobs (``workerjobs.WorkerJobs``)."""
+
+    cluster_id: str
+    slurm: SlurmClient
+    transport: Transport
+    jobs: dict[str, WorkerJob]
+    stopped: bool
+
+    async def script(self, job_dir: str, minutes: int | None, group: str) -> str: ...
+    def add(self, job_id: str, group: str) -> None: ...
+    def changed(self) -> None: ...
+    def active(self, group: str | None = None) -> list[WorkerJob]: ...
+    def to_retire(self, count: int, group: str | None = None) -> list[WorkerJob]: ...
+    async def exclusively(
+        self, move: Callable[[Moves], Awaitable[T]], *, stopping: bool = False
+    ) -> T: ...
+
+
 class Moves:
     """The moves of one cluster's worker jobs; only ever used inside ``exclusively``."""
 
-    def __init__(self, jobs: WorkerJobs) -> None:
+    def __init__(self, jobs: WorkerBook) -> None:
         self._jobs = jobs
         self._unknown: str | None = None  # the group of an sbatch whose outcome is unknown
         self._drains: dict[str, asyncio.Future[None]] = {}  # job id -> its drain, seen out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .workerjobs import WorkerJob
+from .workerjob import WorkerJob
 
 
 def due_for_rotation(

@@ -24,6 +24,7 @@ from ..clientevents import (
     request_scale,
     requested_nodes,
 )
+from ..display import status_text
 from ..errors import Conflict, SlurmRayError, SpecError
 from ..follow import JobFollower
 from ..job.directory import JobDir
@@ -35,7 +36,8 @@ from ..transport import Transport
 from .groups import DEFAULT_GROUP, group_names
 from .moves import Moves
 from .rotation import due_for_rotation, replaced_and_joined, rotation_cause
-from .workerjobs import WorkerJob, WorkerJobs, checked_node_count, worker_minutes
+from .workerjob import WorkerJob
+from .workerjobs import WorkerJobs, checked_node_count, worker_minutes
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +147,7 @@ class ClusterScaling:
         state = self._status.state
         if state.is_final or not (state.is_up or self._follower.events.head_ready):
             raise SlurmRayError(
-                f"cluster {self.spec.name} is {self._status.describe()}: scale it once it is up"
+                f"cluster {self.spec.name} is {status_text(self._status)}: scale it once it is up"
             )
         return group, count - least
 

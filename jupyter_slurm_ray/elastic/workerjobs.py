@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from ..errors import (
@@ -39,10 +39,11 @@ from ..job.script import render_job_script
 from ..slurm.client import JobInfo, SlurmClient
 from ..slurm.watch import Answer, JobWatcher
 from ..spec import ClusterSpec
-from ..states import WORKER_ENDED, WorkerJobStatus
+from ..states import WorkerJobStatus
 from ..transport import Transport
 from .groups import DEFAULT_GROUP, group_spec
 from .moves import Moves
+from .workerjob import WorkerJob
 
 log = logging.getLogger(__name__)
 
@@ -81,53 +82,6 @@ def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
     if time_left is None:
         return None
     return max(1, int((time_left - max(0.0, now - at)) // 60))
-
-
-@dataclass
-class WorkerJob:
-    """One worker job as this process knows it (kept in the cluster's record)."""
-
-    job_id: str
-    state: str = "PENDING"  # Slurm's word, "ENDED" once Slurm forgot it
-    reason: str | None = None  # Slurm's pending reason, or why it ended
-    host: str | None = None
-    joined: bool = False
-    leaving: bool = False  # asked to drain, or leaving by itself
-    submitted_at: float = 0.0
-    estimated_start: str | None = None  # Slurm's estimate (squeue %S) while PENDING
-    group: str = DEFAULT_GROUP  # its worker group (elastic/groups.py)
-    ends_at: float | None = None  # when its walltime ends (time.time()), once it runs
-    replaced_by: str | None = None  # its replacement's job id (elastic/rotation.py)
-
-    @property
-    def pending(self) -> bool:
-        """Still in Slurm's queue."""
-        return self.state == "PENDING"
-
-    @property
-    def ended(self) -> bool:
-        """Slurm says it ended (any end), or no longer knows it."""
-        return self.state in WORKER_ENDED
-
-    def view(self) -> WorkerJobStatus:
-        return WorkerJobStatus(
-            self.job_id,
-            self.state,
-            self.reason,
-            self.host,
-            self.joined,
-            self.estimated_start,
-            group=self.group,
-        )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> WorkerJob | None:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        job_id = values.get("job_id")
-        if not isinstance(job_id, str) or not job_id.isdigit():
-            return None
-        return cls(**values)
 
 
 class WorkerJobs:

@@ -6,7 +6,8 @@ Routes (under the server's ``base_url``):
   against the site first) and ``slurm-ray/api/clusters/<id>`` (GET with events, log tail and
   usage; DELETE stop), ``…/<id>/extend`` (POST: more walltime) — see ``handlers.py`` and
   ``manager.py``;
-- ``slurm-ray/dashboard/<id>/…`` — the cluster's Ray dashboard, see ``proxy.py``.
+- ``slurm-ray/dashboard/<id>/…`` — the cluster's Ray dashboard, see ``proxy.py``,
+  ``tokenroute.py`` and ``capabilities.py``.
 
 Kernels started by this server find the dashboard prefix in ``$JUPYTER_SLURM_RAY_DASHBOARD_BASE``
 so their links (``<prefix><id>/``) open through the proxy.
@@ -23,7 +24,7 @@ from jupyter_server.utils import url_path_join
 from ..naming import DASHBOARD_BASE_ENV
 from ..registry import Registry
 from ..targets import Transports
-from . import capabilities, handlers, pages, proxy
+from . import capabilities, handlers, pages, proxy, tokenroute
 from .backends import DashboardBackends
 from .capabilities import DashboardCapabilities
 from .manager import ClusterManager
@@ -90,7 +91,7 @@ def _dashboard_routes(base_url: str, backends: DashboardBackends) -> list[Any]:
     return [
         *pages.page_rules(prefix, backends, links_to),
         (f"{prefix}/{cluster}", AddSlashHandler, {}),
-        (f"{prefix}/{cluster}(/.*)", proxy.DashboardProxyHandler, kwargs),
+        (f"{prefix}/{cluster}(/.*)", tokenroute.DashboardProxyHandler, kwargs),
         (links, capabilities.DashboardLinkHandler, kwargs),
     ]
 

@@ -42,6 +42,7 @@ from ..spec import ClusterSpec
 from ..states import Status, status_of_record
 from ..targets import Transports
 from ..transport import Transport
+from ..ui.formatting import usage_summary
 from .views import ClusterView, ConnectionView, UnreadableView, WalltimeAndQueueView
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class ClusterManager:
         if record is None or not record.job_dir or not self.transports.reaches(record.target):
             return view
         known = (await self._usages([entry])).get(entry.id)
-        view["usage"] = known.to_dict() if known is not None else None
+        if known is not None:
+            view["usage"] = {**known.to_dict(), "summary": usage_summary(known)}
         job_dir = JobDir(self.transports.for_target(record.target), record.job_dir)
         view["events"] = await _recent_events(job_dir, events)
         if any(e.get("event") == "walltime_warning" for e in view["events"]):  # the job's word

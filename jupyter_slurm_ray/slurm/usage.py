@@ -16,7 +16,6 @@ from typing import Any
 
 from ..errors import SlurmError, TransportError
 from ..transport import Transport
-from ..ui.formatting import usage_summary
 from .client import FINAL_STATES, SlurmClient, UsageRow
 from .heresteps import allocation_of, is_here_job_id
 from .output import tres_amount
@@ -84,7 +83,6 @@ class Usage:
             "max_rss_by_node": dict(self.max_rss_by_node),
             "max_rss": peak[1] if peak else None,
             "max_rss_node": peak[0] if peak else None,
-            "summary": usage_summary(self),
         }
 
     def compact(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from ..errors import ExtendRefused, SlurmRayError, SpecError
 from ..job.checks import parse_walltime
 from ..states import Status
-from ..ui.formatting import walltime_left
 from .client import SlurmClient
 
 __all__ = [
@@ -54,7 +53,7 @@ def warning_due(status: Status, warning_seconds: int, now: float | None = None) 
     extended since), or Slurm's time left is within ``warning_seconds``."""
     if status.state.is_final:
         return False
-    left = walltime_left(status, now)
+    left = status.walltime_left(now)
     if left is None:
         return status.walltime_warning
     if left <= warning_seconds:

@@ -21,7 +21,6 @@ __all__ = [
     "scaling_text",
     "status_line",
     "usage_summary",
-    "walltime_left",
     "walltime_warning_line",
 ]
 
@@ -35,14 +34,6 @@ def format_duration(seconds: float | None) -> str:
     hours, rest = divmod(rest, 3600)
     clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
     return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}" if days else clock
-
-
-def walltime_left(status: Status, now: float | None = None) -> float | None:
-    """Seconds of walltime left now, counted down from Slurm's last answer."""
-    if status.time_left is None:
-        return None
-    now = time.time() if now is None else now
-    return max(0.0, status.time_left - (now - status.at))
 
 
 def format_bytes(size: float | None) -> str:
@@ -88,7 +79,7 @@ def status_line(
         parts.append(f"est. start {status.estimated_start:%Y-%m-%d %H:%M}")
     if since is not None and not status.state.is_final:
         parts.append(f"elapsed {format_duration(now - since)}")
-    left = walltime_left(status, now)
+    left = status.walltime_left(now)
     if left is not None and (status.state.is_up or status.state is State.STARTING):
         parts.append(f"{format_duration(left)} left")
     warned = status.walltime_warning if warning is None else warning
@@ -171,7 +162,7 @@ def _hours(hours: float) -> str:
 
 def walltime_warning_line(name: str, status: Status, now: float | None = None) -> str:
     """The one line a notebook prints when a cluster's walltime is almost over."""
-    left = format_duration(walltime_left(status, now))
+    left = format_duration(status.walltime_left(now))
     job = f" (job {status.job_id})" if status.job_id else ""
     return (
         f"⚠ {name}{job}: walltime almost over, {left} left. Save your work; "

@@ -33,6 +33,7 @@ from ..spec import ClusterSpec, ignored_here
 from ..states import State
 from . import commands
 from .adaptcommand import adapt_command
+from .formatting import status_line
 from .live import Notices, StatusView, TextProgress, frontend_has_widgets
 from .magic_args import ArgumentError, HelpRequested, parse, setup_lines, spec_arguments
 from .reprs import cluster_line, cluster_mimebundle, dashboard_links
@@ -161,7 +162,7 @@ class SlurmRayMagics(Magics):
             )
         except KeyboardInterrupt:
             print(
-                f"interrupted: {cluster.spec.name} is {cluster.status.describe()} and keeps "
+                f"interrupted: {cluster.spec.name} is {status_line(cluster.status)} and keeps "
                 "going; `%slurm_ray status` shows it, `%slurm_ray down` stops it"
             )
             return
@@ -244,7 +245,7 @@ class SlurmRayMagics(Magics):
         links = dashboard_links(cluster) if cluster.state.is_up else {}
         if not links:
             raise SlurmRayError(
-                f"{cluster.spec.name} has no dashboard now ({cluster.status.describe()}); "
+                f"{cluster.spec.name} has no dashboard now ({status_line(cluster.status)}); "
                 "it has one once READY in this kernel (up, attach or connect)"
             )
         url = links.get("proxied") or links["direct"]

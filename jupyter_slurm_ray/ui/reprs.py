@@ -19,7 +19,6 @@ from .formatting import (
     scaling_text,
     status_line,
     usage_summary,
-    walltime_left,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ def cluster_line(
 
 def _walltime(cluster: SlurmRayCluster) -> str | None:
     status, spec = cluster.status, cluster.spec
-    left = walltime_left(status)
+    left = status.walltime_left()
     if left is None or status.state.is_final:
         return None
     text = f"{format_duration(left)} left of {format_duration(status.time_limit)}"

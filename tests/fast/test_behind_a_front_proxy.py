@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from jupyter_slurm_ray.server.proxy import DashboardProxyHandler
+from jupyter_slurm_ray.server.tokenroute import DashboardProxyHandler
 
 
 def closed_by(backend: object) -> list[tuple[object, object]]:

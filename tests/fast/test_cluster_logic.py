@@ -13,6 +13,7 @@ import pytest
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.states import State
+from jupyter_slurm_ray.ui.formatting import status_line
 
 from ..helpers.waiting import until
 from .conftest import emit, write_connection
@@ -71,7 +72,7 @@ async def test_a_silent_controller_keeps_the_last_state_and_the_lease_renewed(ma
     first = lease.read_text()
     await until(lambda: lease.read_text() != first, 5, "the lease renewed while Slurm is silent")
     assert cluster.state is State.READY
-    assert "Slurm not answering for" in cluster.status.describe()
+    assert "Slurm not answering for" in status_line(cluster.status)
     assert cluster.registry.load(cluster.id).slurm_unreachable_since is not None
     slurm.down = False
     await until(lambda: cluster.status.slurm_unreachable_since is None, 15, "Slurm back")
@@ -192,7 +193,7 @@ async def test_a_stop_by_another_process_is_stopped_for_the_owner_too(
     stopped = await other.down_async(timeout=5)
     assert stopped.state is State.STOPPED
     await until(lambda: owner.state.is_final, 5, "the owner sees the end")
-    assert owner.state is State.STOPPED, owner.status.describe()
+    assert owner.state is State.STOPPED, status_line(owner.status)
     assert owner.status.reason == f"stopped by pid {os.getpid()} on {socket.gethostname()}"
     assert registry.load(owner.id).state == "STOPPED"
     await other.close_async()

@@ -29,6 +29,7 @@ from jupyter_slurm_ray.owner import ProcessIdentity, this_process
 from jupyter_slurm_ray.ownership import Claim, claim_alive, newest_claim
 from jupyter_slurm_ray.registry import ClusterRecord
 from jupyter_slurm_ray.states import State
+from jupyter_slurm_ray.ui.formatting import status_line
 from jupyter_slurm_ray.ui.magic_args import parse
 
 from ..helpers.processes import StandIn, dead_process
@@ -144,7 +145,7 @@ async def test_an_observer_is_told_when_its_owner_is_gone(make_cluster, slurm, a
     assert observer.observing
     owning.kill()
     await until(lambda: "is gone" in (observer.status.ownership or ""), 10, "told it is gone")
-    assert "unless taken over (attach --takeover)" in observer.status.describe()
+    assert "unless taken over (attach --takeover)" in status_line(observer.status)
     assert slurm.jobs[owner.job_id].state == "RUNNING"  # an observer never reaps
 
 

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from jupyter_slurm_ray.slurm.client import JobInfo
 from jupyter_slurm_ray.states import EventSummary, State, Status, derive_status
+from jupyter_slurm_ray.ui.formatting import status_line
 
 START = Status(State.PENDING, nodes_wanted=3, job_id="9")
 
@@ -28,7 +29,7 @@ def test_pending_carries_slurms_reason_and_estimated_start():
         "Resources",
         when,
     )
-    assert "Resources" in status.describe() and "est. start" in status.describe()
+    assert "Resources" in status_line(status) and "est. start" in status_line(status)
 
 
 def test_starting_carries_phase_and_nodes_joined():
@@ -39,7 +40,7 @@ def test_starting_carries_phase_and_nodes_joined():
         "waiting_for_nodes",
         2,
     )
-    assert "2/3 nodes" in status.describe()
+    assert "2/3 nodes" in status_line(status)
 
 
 def test_ready_then_connected():

@@ -17,7 +17,8 @@ from jupyter_slurm_ray.elastic.groups import (
     parse_group_option,
 )
 from jupyter_slurm_ray.elastic.rotation import due_for_rotation, replaced_and_joined
-from jupyter_slurm_ray.elastic.workerjobs import WorkerJob, WorkerJobs
+from jupyter_slurm_ray.elastic.workerjob import WorkerJob
+from jupyter_slurm_ray.elastic.workerjobs import WorkerJobs
 from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.job.script import render_job_script
 from jupyter_slurm_ray.slurm.client import SlurmClient

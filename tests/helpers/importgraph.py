@@ -88,12 +88,14 @@ class ImportGraph:
 
     def top_level(self) -> list[str]:
         """The modules directly in the package (its subpackages not counted)."""
-        return [m for m in self.modules if "." not in m and m != "__init__"]
+        packages = {m.partition(".")[0] for m in self.modules if "." in m}
+        return [m for m in self.modules if "." not in m and m not in packages | {"__init__"}]
 
 
 @cache
 def package_graph(root: Path = ROOT) -> ImportGraph:
-    names = {_module_name(root, path): path for path in sorted(root.rglob("*.py"))}
+    paths = [p for p in root.rglob("*.py") if "labextension" not in p.parts]
+    names = {_module_name(root, path): path for path in sorted(paths)}
     names = {name: path for name, path in names.items() if not name.startswith(SKIPPED)}
     graph = ImportGraph({name: set() for name in names})
     for name, path in names.items():
@@ -117,12 +119,14 @@ def _imported(name: str, path: Path, known: dict[str, Path]) -> Iterable[str]:
             for alias in node.names:
                 yield from _known(_within_package(alias.name), known)
         elif isinstance(node, ast.ImportFrom):
-            base = _from_base(name, path, node, program)
+            base = _from_base(name, path, node, program, known)
             for alias in node.names:
                 yield from _known(f"{base}.{alias.name}" if base else alias.name, known, base)
 
 
-def _from_base(name: str, path: Path, node: ast.ImportFrom, program: str | None) -> str:
+def _from_base(
+    name: str, path: Path, node: ast.ImportFrom, program: str | None, known: dict[str, Path]
+) -> str:
     if node.level:
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         package = package[: len(package) - node.level + 1] if node.level > 1 else package
@@ -131,16 +135,9 @@ def _from_base(name: str, path: Path, node: ast.ImportFrom, program: str | None)
     module = node.module or ""
     if program and f"{program}.{module}".split(".")[0] == program:
         bare = f"{program}.{module}"
-        if bare in _all_names(path):
+        if bare in known:
             return bare
     return _within_package(module)
-
-
-def _all_names(path: Path) -> set[str]:
-    root = path
-    while root.name != PACKAGE:
-        root = root.parent
-    return {_module_name(root, p) for p in root.rglob("*.py")}
 
 
 def _within_package(dotted: str) -> str:

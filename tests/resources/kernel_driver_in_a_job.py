@@ -84,6 +84,7 @@ def main() -> None:
     from jupyter_slurm_ray import ClusterSpec, SlurmRayCluster
     from jupyter_slurm_ray.registry import Registry
     from jupyter_slurm_ray.transport import LocalTransport
+    from jupyter_slurm_ray.ui.formatting import status_line
 
     report("outer", host=socket.gethostname(), pid=os.getpid(), job=os.environ["SLURM_JOB_ID"])
     spec = ClusterSpec(
@@ -106,7 +107,7 @@ def main() -> None:
             "up",
             job_id=cluster.job_id,
             job_dir=cluster.job_dir,
-            status=cluster.status.describe(),
+            status=status_line(cluster.status),
             connect_mode=cluster.status.connect_mode,
             connect_reason=cluster.status.connect_reason,
             record_mode=record.connect_mode if record else None,

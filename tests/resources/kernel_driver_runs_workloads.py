@@ -63,6 +63,7 @@ def main() -> None:
     from jupyter_slurm_ray import ClusterSpec, SlurmRayCluster
     from jupyter_slurm_ray.registry import Registry
     from jupyter_slurm_ray.transport import LocalTransport
+    from jupyter_slurm_ray.ui.formatting import status_line
 
     report("outer", host=socket.gethostname(), pid=os.getpid(), job=os.environ["SLURM_JOB_ID"])
     spec = ClusterSpec(python=python, setup=[setup], connect="driver", **json.loads(settings))
@@ -74,7 +75,7 @@ def main() -> None:
             job_id=cluster.job_id,
             job_dir=cluster.job_dir,
             connect_mode=cluster.status.connect_mode,
-            status=cluster.status.describe(),
+            status=status_line(cluster.status),
         )
         serve()
     except Exception:
