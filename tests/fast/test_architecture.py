@@ -1,0 +1,83 @@
+"""The package's floor plan, read from its imports (tests/helpers/importgraph.py): no import circle,
+arrows that point down (the core never imports the UI or the server), a short top level, and the
+folders docs/architecture.md describes."""
+
+import re
+from pathlib import Path
+
+from tests.helpers.importgraph import ROOT, package_graph
+
+WINGS = ("bootstrap", "client", "doctor", "elastic", "job", "server", "slurm", "ui")
+UI_AND_SERVER = ("ui", "server")
+MOST_LAYERS = 17  # measured 2026-12-03; the aim is 10 (docs/architecture.md says what is left)
+
+
+def test_no_module_imports_itself_back_even_under_type_checking_or_inside_a_function():
+    assert package_graph().circles() == []
+
+
+def test_the_core_and_the_wings_below_it_never_import_the_ui_or_the_server():
+    graph = package_graph()
+    upward = [
+        f"{source} -> {target}"
+        for source, targets in graph.arrows.items()
+        for target in targets
+        if target.split(".")[0] in UI_AND_SERVER
+        and source.split(".")[0] not in UI_AND_SERVER
+        and source != "__init__"  # the package sets the display hooks (display.py)
+    ]
+    assert upward == []
+
+
+def test_the_ui_is_imported_only_by_the_server_for_its_words():
+    server_uses = {
+        target
+        for source, targets in package_graph().arrows.items()
+        if source.startswith("server")
+        for target in targets
+        if target.startswith("ui")
+    }
+    assert server_uses <= {"ui.formatting"}
+
+
+def test_the_bootstrap_imports_nothing_of_the_package_outside_it():
+    graph = package_graph()
+    leaving = {
+        f"{source} -> {target}"
+        for source, targets in graph.arrows.items()
+        if source.startswith("bootstrap")
+        for target in targets
+        if not target.startswith("bootstrap")
+    }
+    assert leaving == set()
+
+
+def test_the_top_level_is_the_core_and_each_wing_a_folder():
+    graph = package_graph()
+    assert len(graph.top_level()) <= 20, graph.top_level()
+    folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob("*.py")))
+    assert folders == sorted(WINGS)
+
+
+def test_the_layers_do_not_grow():
+    assert max(package_graph().layers().values()) <= MOST_LAYERS
+
+
+def test_docs_architecture_names_every_module_where_it_is():
+    text = (ROOT.parent / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
+    own_tables = set(re.findall(r"^### .*\(`jupyter_slurm_ray/([a-z_]+)/`\)", text, re.M))
+    missing = [
+        path
+        for path in (str(p.relative_to(ROOT)) for p in sorted(ROOT.rglob("*.py")))
+        if "sitepath" not in path and not path.endswith("__init__.py")
+        if path not in named
+        and not (path.partition("/")[0] in own_tables and path.partition("/")[2] in named)
+    ]
+    assert missing == []
+
+
+def test_the_pictures_of_the_import_graph_are_in_docs():
+    docs = ROOT.parent / "docs"
+    assert Path(docs / "imports-before.svg").read_text().lstrip().startswith("<?xml")
+    assert Path(docs / "imports-after.svg").read_text().lstrip().startswith("<?xml")
