@@ -31,8 +31,9 @@ from .aio import blocking, run_sync
 from .client import connect as ray_client
 from .client.side import ClientSide
 from .clientevents import append_event
-from .elastic.adapt import ClusterAdapting
-from .elastic.scaling import ClusterScaling
+from .elastic.adapt import Adapter
+from .elastic.policy import AdaptSettings
+from .elastic.scaling import Elastic
 from .elastic.workerjobs import WorkerJobs
 from .errors import (
     ClusterTimeout,
@@ -71,7 +72,7 @@ _owned: weakref.WeakSet[SlurmRayCluster] = weakref.WeakSet()  # cancelled at exi
 _QUEUED = (State.SUBMITTING, State.PENDING)
 
 
-class SlurmRayCluster(ClusterAdapting, ClusterScaling):
+class SlurmRayCluster:
     """A Ray cluster inside a Slurm allocation.
 
     >>> cluster = SlurmRayCluster(ClusterSpec(nodes=2, time="1:00:00"))
@@ -79,11 +80,11 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     >>> cluster.down()          # disconnect, cancel, wait until nothing is left
 
     Every operation is a coroutine ``name_async`` with a blocking twin ``name`` declared next
-    to it, here or in the mixin that defines the coroutine. The twins: ``up``, ``wait_up``,
-    ``wait_ready``, ``connect``, ``disconnect``, ``down``, ``close``, ``detach``, ``attach``,
-    ``refresh``, ``logs``, ``script``, ``connection_info``, ``usage``, ``extend``; ``scale``,
-    ``request_scale`` (ClusterScaling, elastic/scaling.py); ``adapt``, ``request_adapt``,
-    ``stop_adapting`` (ClusterAdapting, elastic/adapt.py).
+    to it. The twins: ``up``, ``wait_up``, ``wait_ready``, ``connect``, ``disconnect``,
+    ``down``, ``close``, ``detach``, ``attach``, ``refresh``, ``logs``, ``script``,
+    ``connection_info``, ``usage``, ``extend``; ``scale``, ``request_scale``, ``adapt``,
+    ``request_adapt``, ``stop_adapting`` (done by the cluster's elastic part, its
+    elastic/scaling.py).
     """
 
     def __init__(
@@ -126,11 +127,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         self._client = ClientSide(
             self.transport, self.registry, self.id, self._save_record, driver_hosts
         )
-        self.workers = WorkerJobs(self.transport, self.slurm, self.id, spec)
-        self._events_seen = 0  # events looked at for worker jobs and scale requests
-        self._owning_since = float("inf")  # scale requests made after this are applied
-        self._requests: set[asyncio.Future[None]] = set()  # scale requests, cancels under way
-        self._rotations: set[asyncio.Future[None]] = set()  # a worker job rotation under way
+        self.elastic = Elastic(self, self.slurm, self._update_state)  # worker jobs, adapt…
+        self._requests: set[asyncio.Future[None]] = set()  # cancels under way
         self._stopping = False
         self._detached = False
         self._recorded = False  # written once: later writes never re-create a forgotten record
@@ -163,6 +161,21 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     def observing(self) -> bool:
         """This process watches the cluster that another process owns."""
         return self.ownership.role is Role.OBSERVER
+
+    @property
+    def workers(self) -> WorkerJobs:
+        """The cluster's extra worker jobs (``elastic.workers``)."""
+        return self.elastic.workers
+
+    @property
+    def stopping(self) -> bool:
+        """``down`` began."""
+        return self._stopping
+
+    @property
+    def head_ready(self) -> bool:
+        """The head answers (its event), perhaps before Slurm's answer says RUNNING."""
+        return self._follower.events.head_ready
 
     @property
     def job_id(self) -> str | None:
@@ -256,11 +269,11 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         await self.refresh_async()
         if self._status.state.is_final or self.owned_here:
             return self
-        if await self.ownership.settle(self._job_dir(), takeover=takeover) is Role.OWNER:
+        if await self.ownership.settle(self.job_directory(), takeover=takeover) is Role.OWNER:
             self._own(job_id)
         else:
             self._follow(job_id)
-            self.ownership.watch(self._job_dir)
+            self.ownership.watch(self.job_directory)
         self._update_state()
         return self
 
@@ -389,9 +402,11 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             status = await wait_until(self, lambda s: s.state not in _QUEUED)
             if status.job_id is None or status.state.is_final:
                 return
-            self._client.prepare(self._job_dir(), self.spec, status.job_id)
+            self._client.prepare(self.job_directory(), self.spec, status.job_id)
             follower = self._follower
-            if await self._client.head_answers(self._job_dir(), lambda: follower.events.head_ready):
+            if await self._client.head_answers(
+                self.job_directory(), lambda: follower.events.head_ready
+            ):
                 watcher_for(self.transport).poll_soon()  # its events now, not at the next tick
 
     async def connect_async(
@@ -407,7 +422,12 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             self.spec.replace(connect=mode)  # checked as the setting is
         job_id = self._status.job_id or ""
         await self._client.connect(
-            self._job_dir(), self.spec, job_id, timeout=timeout, attempts=attempts, setting=mode
+            self.job_directory(),
+            self.spec,
+            job_id,
+            timeout=timeout,
+            attempts=attempts,
+            setting=mode,
         )
         self._update_state()
 
@@ -427,13 +447,13 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         The lease is released first: should Slurm not answer the cancel, the cluster still
         stops itself once its lease is stale (``idle_timeout``).
         """
-        await self.stop_adapting_async()
+        await self.elastic.stop_adapting()
         await self.disconnect_async()
         if self._status.job_id is None or self._status.state.is_final:
             self._client.close_forwards()
             return self._status
         self._stopping = True
-        self._stop_rotating()
+        self.elastic.stop_rotating()
         self.lease.release()
         self._update_state()
         await self._tell_stop_requested()
@@ -480,8 +500,8 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     async def detach_async(self) -> None:
         """Keep the cluster running after this kernel exits (until its walltime)."""
-        self._require_owner("detach it")
-        await self._job_dir().mark_detached(f"{os.getpid()}\n")
+        self.require_owner("detach it")
+        await self.job_directory().mark_detached(f"{os.getpid()}\n")
         self._detached = True
         self._save_record()
 
@@ -506,7 +526,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     async def logs_async(self, node: str | None = None, tail: int = 100) -> str:
         """The job's output (``node=None``) or one node's Ray log, last ``tail`` lines."""
-        return await self._job_dir().logs(self._status.job_id, node, tail)
+        return await self.job_directory().logs(self._status.job_id, node, tail)
 
     logs = blocking(logs_async)
 
@@ -516,25 +536,53 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
 
     async def connection_info_async(self) -> ray_client.ConnectionInfo:
         """The head's address, ports and versions (``connection.json``), once READY."""
-        return await self._client.load_connection(self._job_dir())
+        return await self._client.load_connection(self.job_directory())
 
     connection_info = blocking(connection_info_async)
 
-    # -- scaling: extra worker jobs (ClusterScaling in elastic/scaling.py), by the owner only -
+    # -- elasticity: the cluster's elastic part does it (elastic/scaling.py) ----------------
     async def scale_async(self, nodes: int, **options: Any) -> Status:
-        """``ClusterScaling.scale_async`` (elastic/scaling.py), for the owner only: any other
-        process asks the owner (``request_scale``)."""
-        self._require_owner("scale it (request_scale asks its owner)")
-        return await super().scale_async(nodes, **options)
+        """``Elastic.scale``: to ``nodes`` Ray nodes, by the owner only (``request_scale``
+        asks the owner)."""
+        return await self.elastic.scale(nodes, **options)
 
-    # the base's twin called the base's coroutine: this one checks the owner first
-    scale = blocking(scale_async)  # type: ignore[arg-type]
+    scale = blocking(scale_async)
 
-    def _maybe_rotate(self) -> None:
-        if self.owned_here:
-            super()._maybe_rotate()
+    async def request_scale_async(self, nodes: int, group: str | None = None) -> None:
+        """``Elastic.request_scale``: ask the owner to scale."""
+        await self.elastic.request_scale(nodes, group)
 
-    def _require_owner(self, what: str) -> None:
+    request_scale = blocking(request_scale_async)
+
+    async def adapt_async(self, *args: Any, **options: Any) -> AdaptSettings | None:
+        """``Elastic.adapt``: scale as Ray's demand needs, between a minimum and a maximum."""
+        return await self.elastic.adapt(*args, **options)
+
+    adapt = blocking(adapt_async)
+
+    async def request_adapt_async(self, *args: Any, **options: Any) -> AdaptSettings | None:
+        """``Elastic.request_adapt``: ask the owner to adapt (or to stop, ``off=True``)."""
+        return await self.elastic.request_adapt(*args, **options)
+
+    request_adapt = blocking(request_adapt_async)
+
+    async def stop_adapting_async(self) -> None:
+        """Stop adapting (the worker jobs stay as they are)."""
+        await self.elastic.stop_adapting()
+
+    stop_adapting = blocking(stop_adapting_async)
+
+    @property
+    def adapting(self) -> Adapter | None:
+        """The running adaptive loop, if any (its settings, decisions, last error)."""
+        return self.elastic.adapting
+
+    async def dashboard_endpoint(self) -> tuple[str, int]:
+        """Where this process reaches the head's dashboard (through its forward)."""
+        forward = await self._client.dashboard_forward(self.job_directory())
+        return forward.local_host, forward.local_port
+
+    def require_owner(self, what: str) -> None:
         if self._status.job_id is not None:
             self.ownership.require(f"{what} ({self.spec.name})", self.spec.name)
 
@@ -542,10 +590,10 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
     def _own(self, job_id: str) -> None:
         """Watch the job and keep its lease from now on (until it ends)."""
         _owned.add(self)
-        self._owning_since = min(self._owning_since, time.time())
+        self.elastic.own()
         self._follow(job_id)
         if not self._stopping:
-            job_dir = self._job_dir()
+            job_dir = self.job_directory()
             self.lease.keep(job_dir.write_lease, lambda: self.ownership.still_owner(job_dir))
 
     def _follow(self, job_id: str) -> None:
@@ -567,14 +615,9 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
         """Another process took the cluster over: stop acting as its owner (no lease, no
         scaling, adapting or rotation, no cancel at exit); keep watching it as an observer."""
         _owned.discard(self)
-        self._owning_since = float("inf")
-        self._stop_rotating()
-        if self._adapter is not None:
-            task = asyncio.ensure_future(self.stop_adapting_async())
-            self._requests.add(task)
-            task.add_done_callback(self._requests.discard)
+        self.elastic.displaced()
         if self.job_dir:
-            self.ownership.watch(self._job_dir)
+            self.ownership.watch(self.job_directory)
         self._update_state()
 
     def _pace(self) -> float:
@@ -599,20 +642,20 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             return self.steady_poll_interval
         return self.poll_interval
 
-    def _job_dir(self) -> JobDir:
+    def job_directory(self) -> JobDir:
         if self.job_dir is None:
             raise SlurmRayError(f"cluster {self.id} has no job dir yet")
         return JobDir(self.transport, self.job_dir)
 
     async def _on_answer(self, answer: Answer) -> None:
         """One poll's news: Slurm's answer (or silence) plus the job's new events."""
-        log_tail = await self._follower.observe(answer, self._job_dir(), self.slurm)
-        self._note_new_events()
+        log_tail = await self._follower.observe(answer, self.job_directory(), self.slurm)
+        self.elastic.note_new_events()
         if self._follower.news_for_slurm and not answer.fresh:  # the job's events say so
             watcher_for(self.transport).poll_soon()
         if self._follower.events.ready and self.connection is None:
             with contextlib.suppress(SlurmRayError):  # the record then has the head's address
-                await self._client.load_connection(self._job_dir())
+                await self._client.load_connection(self.job_directory())
         self._update_state(answer.job, log_tail)
         if self._changed is not None:  # `up` waits on the events too (head_ready, ready)
             self._changed.set()
@@ -646,7 +689,7 @@ class SlurmRayCluster(ClusterAdapting, ClusterScaling):
             status,
             nodes_wanted=self.spec.nodes + self.workers.wanted,
             worker_jobs=self.workers.views(),
-            scaling=self._scaling_lines(),
+            scaling=self.elastic.scaling_lines(),
             ownership=self.ownership.note(),
             connect_mode=self._client.mode.mode if self._client.mode else None,
             connect_reason=self._client.mode.reason if self._client.mode else None,

@@ -306,6 +306,11 @@ class ClientSide:
             self.token_path = str(self.registry.store_token(self.cluster_id, token))
         return self.token_path
 
+    async def dashboard_forward(self, job_dir: JobDir) -> Forward:
+        """This process's way to the head's dashboard (a forward through SSH when remote)."""
+        info = await self.load_connection(job_dir)
+        return await self._reach("dashboard", info.head_ip, info.dashboard_port)
+
     async def _reach(self, name: str, host: str, port: int) -> Forward:
         fwd = self.forwards.get(name)
         if fwd is None or not fwd.is_open:

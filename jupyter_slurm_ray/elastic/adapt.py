@@ -18,24 +18,22 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..aio import blocking
 from ..bootstrap import dashhttp
-from ..clientevents import ADAPT_REQUEST, append_event, recorded_adapting, request_cause
-from ..errors import Conflict, SlurmRayError
+from ..clientevents import append_event
+from ..errors import SlurmRayError
 from ..slurm.watch import watcher_for
 from .groups import DEFAULT_GROUP
 from .moves import Moves
 from .policy import AdaptSettings, Decision, JobView, Memory, checked_settings, decide
 from .raydemand import RayView, Shape, parse_cluster_status
-from .scaling import ClusterScaling
 from .workerjobs import worker_minutes
 
 if TYPE_CHECKING:
-    from ..client.side import ClientSide
-    from ..registry import ClusterRecord
-    from ..states import State, Status
+    from .host import ClusterHost
+    from .workerjobs import WorkerJobs
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +48,16 @@ class Adapter:
     """The loop of one cluster's adaptive scaling."""
 
     def __init__(
-        self, cluster: ClusterAdapting, settings: AdaptSettings, interval: float = INTERVAL
+        self,
+        host: ClusterHost,
+        workers: WorkerJobs,
+        settings: AdaptSettings,
+        interval: float = INTERVAL,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
-        self.cluster = cluster
+        self.host = host
+        self.workers = workers
+        self._on_change = on_change
         self.settings = settings
         self.interval = interval
         self.memory = Memory()
@@ -89,8 +94,7 @@ class Adapter:
 
     async def _run(self) -> None:
         while True:
-            state = self.cluster.state
-            if state.is_final or self.cluster._stopping:
+            if self.host.status.state.is_final or self.host.stopping:
                 return
             try:
                 await self.step()
@@ -100,7 +104,7 @@ class Adapter:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # log, show, continue
-                log.warning("%s: adaptive scaling step failed: %s", self.cluster.spec.name, exc)
+                log.warning("%s: adaptive scaling step failed: %s", self.host.spec.name, exc)
                 message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if message != self.error:
                     self.error = message
@@ -112,9 +116,7 @@ class Adapter:
         """Read Ray's state, then decide, act and tell as one change of worker jobs (after
         any other under way: a scale, a rotation, a drain's end)."""
         view = await self.read_ray()
-        return await self.cluster.workers.exclusively(
-            lambda moves: self.decide_and_act(view, moves)
-        )
+        return await self.workers.exclusively(lambda moves: self.decide_and_act(view, moves))
 
     async def decide_and_act(self, view: RayView, moves: Moves) -> Decision:
         """Decide on Ray's ``view`` and the worker jobs as they are now, and act."""
@@ -128,7 +130,7 @@ class Adapter:
         jobs = self.job_views(now)
         decision = decide(
             self.settings,
-            self.cluster.spec.nodes,
+            self.host.spec.nodes,
             self.shape(view),
             view.demand,
             jobs,
@@ -143,7 +145,7 @@ class Adapter:
         """A worker job's node: the head's (same spec), from Ray; else from the spec."""
         if view.head_shape is not None:
             return view.head_shape
-        spec = self.cluster.spec
+        spec = self.host.spec
         memory = spec.mem_per_node * 1024 * 1024 if spec.mem_per_node else None
         return Shape(float(spec.cpus_per_node or 1), float(spec.gpus_per_node), memory)
 
@@ -151,7 +153,7 @@ class Adapter:
         """The default group's active worker jobs as the policy sees them; a job whose
         rotation replacement is on its way is rotation's (its replacement stands for it)."""
         joined_at, ips = self._joins()
-        active = self.cluster.workers.active(DEFAULT_GROUP)
+        active = self.workers.active(DEFAULT_GROUP)
         active_ids = {job.job_id for job in active}
         views = []
         for job in active:
@@ -177,7 +179,7 @@ class Adapter:
         """When each worker job's node joined, and its IP (its ``worker_joined`` events)."""
         joined_at: dict[str, float] = {}
         ips: dict[str, str] = {}
-        for event in self.cluster.events:
+        for event in self.host.events:
             job_id = event.get("worker_job")
             if event.get("event") == "worker_joined" and job_id:
                 joined_at[str(job_id)] = float(event.get("t") or 0.0)
@@ -206,23 +208,21 @@ class Adapter:
             await self._retire(decision, moves)
 
     async def _submit(self, decision: Decision, moves: Moves) -> None:
-        cluster = self.cluster
         before = self._nodes()
-        status = cluster.status
+        status = self.host.status
         minutes = worker_minutes(status.time_left, status.at, time.time())
-        ids = await moves.submit(decision.submit, cluster._job_dir().path, minutes)
+        ids = await moves.submit(decision.submit, self.host.job_directory().path, minutes)
         self.submitted += ids
         await self._scaled(before, ids, [], decision.cause)
 
     async def _retire(self, decision: Decision, moves: Moves) -> None:
-        cluster = self.cluster
         before = self._nodes()
-        chosen = [job for job in cluster.workers.active() if job.job_id in decision.retire]
+        chosen = [job for job in self.workers.active() if job.job_id in decision.retire]
         ids = await moves.retire(
             chosen,
-            cluster._job_dir().path,
+            self.host.job_directory().path,
             DRAIN_TIMEOUT,
-            watcher_for(cluster.transport).poll_soon,
+            watcher_for(self.host.transport).poll_soon,
         )
         self.retired += ids
         await self._scaled(before, [], ids, decision.cause)
@@ -230,7 +230,6 @@ class Adapter:
     async def _scaled(
         self, before: int, submitted: list[str], retired: list[str], cause: str
     ) -> None:
-        cluster = self.cluster
         after = self._nodes()
         moved = (
             f"submitted {', '.join(submitted)}" if submitted else f"retired {', '.join(retired)}"
@@ -238,21 +237,21 @@ class Adapter:
         self._remember(f"{before} → {after} nodes ({moved}): {cause}")
         with contextlib.suppress(SlurmRayError):  # the decision stands without its record
             await append_event(
-                cluster.transport, cluster._job_dir().path, "scaled", nodes_before=before,
+                self.host.transport, self.host.job_directory().path, "scaled", nodes_before=before,
                 nodes=after, submitted=submitted, retired=retired, cause=f"adapt: {cause}",
             )  # fmt: skip
 
     def _nodes(self) -> int:
         """The nodes adapt counts: the head's allocation and the default group's worker jobs
         (other groups are scaled by hand: ``scale(n, group=...)``)."""
-        return self.cluster.spec.nodes + len(self.cluster.workers.active(DEFAULT_GROUP))
+        return self.host.spec.nodes + len(self.workers.active(DEFAULT_GROUP))
 
     async def _tell(self, message: str, report: str) -> None:
-        log.warning("%s: %s", self.cluster.spec.name, message)
+        log.warning("%s: %s", self.host.spec.name, message)
         self._remember(message)
         with contextlib.suppress(SlurmRayError):
             await append_event(
-                self.cluster.transport, self.cluster._job_dir().path, ADAPT_EVENT,
+                self.host.transport, self.host.job_directory().path, ADAPT_EVENT,
                 report=report, cause=message,
             )  # fmt: skip
 
@@ -265,7 +264,7 @@ class Adapter:
         self._changed()
 
     def _changed(self) -> None:
-        self.cluster._update_state()
+        self._on_change()
 
     # -- Ray's autoscaler state -------------------------------------------------------------
     async def read_ray(self) -> RayView:
@@ -280,13 +279,9 @@ class Adapter:
 
     async def _dashboard(self) -> tuple[str, str]:
         if self._url is None or self._token is None:
-            client, job_dir = self.cluster._client, self.cluster._job_dir()
-            info = await client.load_connection(job_dir)
-            forward = await client._reach("dashboard", info.head_ip, info.dashboard_port)
-            self._token = (await job_dir.read_token()).strip()
-            self._url = dashhttp.dashboard_url(
-                forward.local_host, forward.local_port, "api/cluster_status"
-            )
+            host, port = await self.host.dashboard_endpoint()
+            self._token = (await self.host.job_directory().read_token()).strip()
+            self._url = dashhttp.dashboard_url(host, port, "api/cluster_status")
         return self._url, self._token
 
 
@@ -322,7 +317,7 @@ def _decision_line(event: dict[str, Any]) -> str | None:
     return None
 
 
-def _checked_or_default(
+def checked_or_default(
     head_nodes: int,
     minimum: int | None,
     maximum: int | None,
@@ -340,167 +335,3 @@ def _checked_or_default(
         group,
         head_nodes,
     )
-
-
-class ClusterAdapting(ClusterScaling):
-    """``adapt()`` for ``SlurmRayCluster`` (a mixin: see cluster.py)."""
-
-    _adapter: Adapter | None = None
-    _client: ClientSide
-
-    @property
-    def state(self) -> State:
-        raise NotImplementedError
-
-    @property
-    def status(self) -> Status:
-        raise NotImplementedError
-
-    @property
-    def owned_here(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    async def adapt_async(
-        self,
-        minimum: int | bool | None = None,
-        maximum: int | None = None,
-        *,
-        idle_timeout: float | None = None,
-        max_pending: int | None = None,
-        group: str | None = None,
-        interval: float = INTERVAL,
-    ) -> AdaptSettings | None:
-        """Scale between ``minimum`` and ``maximum`` Ray nodes in all (the head's allocation
-        plus one-node worker jobs) as Ray's demand needs: worker jobs are submitted for pending
-        tasks, actors and placement groups (at most ``max_pending`` waiting in Slurm's queue
-        at once), and idle ones (nothing run for ``idle_timeout`` s) drained and cancelled.
-        ``adapt(False)`` stops (as ``stop_adapting()``). Defaults: ``SlurmRay.adapt_*``
-        settings. SpecError (one line, naming the field) for bad input; nothing changes then.
-        Returns the settings in force (None when stopped)."""
-        cluster = self
-        if minimum is False:
-            await self.stop_adapting_async()
-            return None
-        settings = _checked_or_default(
-            cluster.spec.nodes, minimum, maximum, idle_timeout, max_pending, group
-        )
-        cluster._checked_scale(settings.maximum)  # it is up, owned here, not local
-        if not cluster.owned_here:
-            raise SlurmRayError(
-                f"cluster {cluster.spec.name} is owned by another process: attach it to adapt it"
-            )
-        await self.stop_adapting_async()
-        self._adapter = Adapter(cluster, settings, interval)
-        self._adapter.start()
-        cluster._update_state()
-        with contextlib.suppress(SlurmRayError):
-            await append_event(
-                cluster.transport, cluster._job_dir().path, ADAPT_EVENT, report="started",
-                cause=settings.describe(),
-            )  # fmt: skip
-        return settings
-
-    adapt = blocking(adapt_async)
-
-    async def request_adapt_async(
-        self,
-        minimum: int | None = None,
-        maximum: int | None = None,
-        *,
-        off: bool = False,
-        idle_timeout: float | None = None,
-        max_pending: int | None = None,
-    ) -> AdaptSettings | None:
-        """From a process that does not own the cluster (the CLI, another kernel, the server):
-        ask its owner to adapt with these settings (checked here first, one line), or to stop;
-        an ``adapt_request`` event the owner reads anyway and applies."""
-        cluster = self
-        record = cluster.registry.load(cluster.id)
-        if record is not None and record.owner_gone:
-            raise SlurmRayError(
-                f"the owner of {cluster.spec.name} (pid {record.owner_pid} on "
-                f"{record.owner_host}) is gone: attach the cluster, then adapt it"
-            )
-        if off:
-            await append_event(cluster.transport, cluster._job_dir().path, ADAPT_REQUEST, off=True)
-            return None
-        settings = _checked_or_default(
-            cluster.spec.nodes, minimum, maximum, idle_timeout, max_pending, None
-        )
-        await append_event(
-            cluster.transport, cluster._job_dir().path, ADAPT_REQUEST, minimum=settings.minimum,
-            maximum=settings.maximum, idle_timeout=settings.idle_timeout,
-            max_pending=settings.max_pending,
-        )  # fmt: skip
-        return settings
-
-    request_adapt = blocking(request_adapt_async)
-
-    async def _apply_adapt_request(self, event: dict[str, Any]) -> None:
-        asked = request_cause(event)
-        try:
-            if event.get("off") is True:
-                await self.stop_adapting_async()
-                return
-            await self.adapt_async(
-                event.get("minimum"),
-                event.get("maximum"),
-                idle_timeout=event.get("idle_timeout"),
-                max_pending=event.get("max_pending"),
-            )
-        except SlurmRayError as exc:
-            log.warning("%s: an adapt request (%s) failed: %s", self, asked, exc)
-
-    async def stop_adapting_async(self) -> None:
-        """Stop the adaptive loop (the worker jobs stay as they are)."""
-        adapter, self._adapter = self._adapter, None
-        if adapter is not None:
-            await adapter.stop()
-            self._update_state()
-
-    stop_adapting = blocking(stop_adapting_async)
-
-    def _refuse_while_adapting(self, group: str) -> None:
-        """Conflict when a manual scale of ``group`` would fight the adapt loop: adapt alone
-        sizes the default worker jobs while it runs (other groups are scaled by hand)."""
-        cluster = self
-        adapter = self.adapting
-        if adapter is not None and group == adapter.settings.group:
-            raise Conflict(adapter.settings.refuses_scale(cluster.spec.name))
-
-    async def _refuse_if_recorded_adapting(self, record: ClusterRecord) -> None:
-        """The same rule for another process: Conflict when the owner adapts, as its record
-        and the adapt requests made since it was written tell."""
-        cluster = self
-        settings = await recorded_adapting(record, cluster._job_dir())
-        if settings is not None:
-            raise Conflict(settings.refuses_scale(cluster.spec.name))
-
-    def _note_refusal(self, line: str) -> None:
-        """A scale request refused while adapting, shown with adapt's decisions."""
-        if self._adapter is not None:
-            self._adapter.note(line)
-
-    @property
-    def adapting(self) -> Adapter | None:
-        """The running adaptive loop, if any (its settings, decisions, last error)."""
-        adapter = self._adapter
-        return adapter if adapter is not None and adapter.running else None
-
-    def _scaling_lines(self) -> tuple[str, ...]:
-        """What the status shows of scaling: adapt's lines while it runs, else the last
-        scaling decisions (scale, rotation) told in the events, with their cause; then the
-        worker jobs being drained."""
-        cluster = self
-        adapter = self._adapter
-        events = cluster._follower.events.events
-        lines = adapter.lines() if adapter is not None else recent_decisions(events)
-        draining = cluster.workers.draining()
-        if draining:
-            jobs = ", ".join(draining)
-            return (*lines, f"draining worker job {jobs}: it ends once its tasks are done")
-        return lines

@@ -1,8 +1,10 @@
-"""The scaling side of ``SlurmRayCluster``: scale to n nodes (its owner), ask the owner to
-(anyone else), and the owner's reading of the events that concern its worker jobs.
+"""The elastic part of a cluster (``cluster.elastic``): its worker jobs, scaling to n nodes (by
+its owner) or asking the owner to (anyone else), adapting to Ray's demand (the loop itself:
+``adapt.py``), walltime rotation (``rotation.py``), and the owner's reading of the events that
+concern them (other processes' requests).
 
-A mixin of ``SlurmRayCluster`` (cluster.py), which provides the attributes declared here; the
-worker jobs themselves, and the moves on them, are ``scaling.WorkerJobs``.
+The cluster holds one ``Elastic`` and gives it what it reads of the cluster (``host.py``); the
+worker jobs themselves, and the moves on them, are ``workerjobs.WorkerJobs``.
 """
 
 from __future__ import annotations
@@ -15,26 +17,26 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from ..aio import blocking
 from ..clientevents import (
     ADAPT_REQUEST,
     append_event,
     made_after,
+    recorded_adapting,
     request_cause,
     request_scale,
     requested_nodes,
 )
 from ..display import status_text
 from ..errors import Conflict, SlurmRayError, SpecError
-from ..follow import JobFollower
-from ..job.directory import JobDir
-from ..registry import Registry
+from ..registry import ClusterRecord
+from ..slurm.client import SlurmClient
 from ..slurm.watch import watcher_for
-from ..spec import ClusterSpec
 from ..states import Status
-from ..transport import Transport
+from .adapt import ADAPT_EVENT, INTERVAL, Adapter, checked_or_default, recent_decisions
 from .groups import DEFAULT_GROUP, group_names
+from .host import ClusterHost
 from .moves import Moves
+from .policy import AdaptSettings
 from .rotation import due_for_rotation, replaced_and_joined, rotation_cause
 from .workerjob import WorkerJob
 from .workerjobs import WorkerJobs, checked_node_count, worker_minutes
@@ -42,31 +44,38 @@ from .workerjobs import WorkerJobs, checked_node_count, worker_minutes
 log = logging.getLogger(__name__)
 
 
-class ClusterScaling:
-    """Scaling with worker jobs, for ``SlurmRayCluster``."""
+class Elastic:
+    """The worker jobs of one cluster and everything that changes them."""
 
-    id: str
-    spec: ClusterSpec
-    transport: Transport
-    registry: Registry
-    poll_interval: float
-    workers: WorkerJobs
-    _status: Status
-    _follower: JobFollower
-    _events_seen: int  # events looked at for worker jobs and scale requests
-    _owning_since: float  # scale requests made after this are applied
-    _requests: set[asyncio.Future[None]]  # scale requests being applied
-    _rotations: set[asyncio.Future[None]]  # a rotation move under way (elastic/rotation.py)
-    _stopping: bool
-    _last_request: asyncio.Future[None] | None = None  # requests are applied in their order
+    def __init__(
+        self, host: ClusterHost, slurm: SlurmClient, on_change: Callable[[], None]
+    ) -> None:
+        self.host = host
+        self.workers = WorkerJobs(host.transport, slurm, host.id, host.spec)
+        self._on_change = on_change
+        self._adapter: Adapter | None = None
+        self._events_seen = 0  # events looked at for worker jobs and scale requests
+        self._owning_since = float("inf")  # scale requests made after this are applied
+        self._requests: set[asyncio.Future[None]] = set()  # requests being applied
+        self._rotations: set[asyncio.Future[None]] = set()  # a rotation move under way
+        self._last_request: asyncio.Future[None] | None = None  # applied in their order
 
-    def _job_dir(self) -> JobDir:
-        raise NotImplementedError
+    # -- owning ---------------------------------------------------------------------------
+    def own(self) -> None:
+        """This process owns the cluster from now: requests made from now on are applied."""
+        self._owning_since = min(self._owning_since, time.time())
 
-    def _update_state(self) -> None:
-        raise NotImplementedError
+    def displaced(self) -> None:
+        """Another process took the cluster over: no requests applied, no rotation, no adapt."""
+        self._owning_since = float("inf")
+        self.stop_rotating()
+        if self._adapter is not None:
+            task = asyncio.ensure_future(self.stop_adapting())
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
 
-    async def scale_async(
+    # -- scaling --------------------------------------------------------------------------
+    async def scale(
         self,
         nodes: int,
         *,
@@ -85,15 +94,17 @@ class ClusterScaling:
         ``group``) for a group the cluster does not have; Conflict while adapting (the default
         group: adapt decides its size). The change waits for any other change of worker jobs
         under way, and is told as a ``scaled`` event (from, to, the jobs, ``cause``)."""
-        group, workers = self._checked_scale(nodes, group)
+        self.host.require_owner("scale it (request_scale asks its owner)")
+        group, workers = self.checked_scale(nodes, group)
         self._refuse_while_adapting(group)
-        wanted = workers if group != DEFAULT_GROUP else self.spec.nodes + workers
-        watcher, job_dir = watcher_for(self.transport), self._job_dir().path
-        minutes = worker_minutes(self._status.time_left, self._status.at, time.time())
+        spec, status = self.host.spec, self.host.status
+        wanted = workers if group != DEFAULT_GROUP else spec.nodes + workers
+        watcher, job_dir = watcher_for(self.host.transport), self.host.job_directory().path
+        minutes = worker_minutes(status.time_left, status.at, time.time())
 
         async def move(moves: Moves) -> tuple[list[str], list[str]]:
             self._refuse_while_adapting(group)  # adapt may have started while this waited
-            before = self.spec.nodes + self.workers.wanted
+            before = spec.nodes + self.workers.wanted
             submitted, retired = await moves.scale_to(
                 workers, job_dir, drain_timeout, watcher.poll_soon, minutes, group
             )
@@ -104,66 +115,53 @@ class ClusterScaling:
                 )  # fmt: skip
             return submitted, retired
 
-        self.workers.follow(watcher, self._update_state, self.poll_interval)  # and new ones
+        self.workers.follow(watcher, self._on_change, self.host.poll_interval)  # and new ones
         _, retired = await self.workers.exclusively(move)
-        self._update_state()
+        self._on_change()
         if wait:
             await self.workers.until_ended(retired)
-        return self._status
+        return self.host.status
 
-    scale = blocking(scale_async)
-
-    async def request_scale_async(self, nodes: int, group: str | None = None) -> None:
+    async def request_scale(self, nodes: int, group: str | None = None) -> None:
         """From a process that does not own the cluster (the CLI, another kernel, the server):
         ask its owner to scale to ``nodes`` (of ``group``; a ``scale_request`` event it
         applies); checked first, and refused (Conflict) while the owner adapts, as far as its
         record and the adapt requests made since tell."""
-        self._checked_scale(nodes, group)
-        record = self.registry.load(self.id)
+        self.checked_scale(nodes, group)
+        record = self.host.registry.load(self.host.id)
         if record is not None and record.owner_gone:
             raise SlurmRayError(
-                f"the owner of {self.spec.name} (pid {record.owner_pid} on {record.owner_host}) "
-                "is gone: attach the cluster, then scale it"
+                f"the owner of {self.host.spec.name} (pid {record.owner_pid} on "
+                f"{record.owner_host}) is gone: attach the cluster, then scale it"
             )
         if record is not None and group in (None, DEFAULT_GROUP):
             await self._refuse_if_recorded_adapting(record)
-        await request_scale(self.transport, self._job_dir().path, int(nodes), group)
+        await request_scale(self.host.transport, self.host.job_directory().path, int(nodes), group)
 
-    request_scale = blocking(request_scale_async)
-
-    def _checked_scale(self, nodes: object, group: str | None = None) -> tuple[str, int]:
+    def checked_scale(self, nodes: object, group: str | None = None) -> tuple[str, int]:
         """(the group, its worker jobs wanted) for scaling to ``nodes``, or SpecError."""
         group = DEFAULT_GROUP if group is None else group
-        if group not in group_names(self.spec):
-            known = ", ".join(group_names(self.spec))
+        spec, status = self.host.spec, self.host.status
+        if group not in group_names(spec):
+            known = ", ".join(group_names(spec))
             raise SpecError("group", group, f"a worker group of this cluster: {known}")
-        least = self.spec.nodes if group == DEFAULT_GROUP else 0
+        least = spec.nodes if group == DEFAULT_GROUP else 0
         count = checked_node_count(nodes, least)
-        if self.spec.mode == "local" and count != least:
+        if spec.mode == "local" and count != least:
             raise SpecError("nodes", nodes, "1 in local mode (scaling adds Slurm worker jobs)")
-        if self.spec.mode == "here" and count != least:
+        if spec.mode == "here" and count != least:
             allowed = f"{least}: a --here cluster has its allocation's nodes (here_nodes)"
             raise SpecError("nodes", nodes, allowed)
-        state = self._status.state
-        if state.is_final or not (state.is_up or self._follower.events.head_ready):
+        if status.state.is_final or not (status.state.is_up or self.host.head_ready):
             raise SlurmRayError(
-                f"cluster {self.spec.name} is {status_text(self._status)}: scale it once it is up"
+                f"cluster {spec.name} is {status_text(status)}: scale it once it is up"
             )
         return group, count - least
 
-    def _refuse_while_adapting(self, group: str) -> None:
-        raise NotImplementedError  # ClusterAdapting's (elastic/adapt.py)
-
-    async def _refuse_if_recorded_adapting(self, record: Any) -> None:
-        raise NotImplementedError  # ClusterAdapting's (elastic/adapt.py)
-
-    async def _apply_adapt_request(self, event: dict[str, Any]) -> None:
-        raise NotImplementedError  # ClusterAdapting's (elastic/adapt.py)
-
-    def _note_new_events(self) -> None:
+    def note_new_events(self) -> None:
         """The worker jobs' events, and the requests of other processes (scale, adapt),
         applied one after another in the order they were made."""
-        events = self._follower.events.events[self._events_seen :]
+        events = self.host.events[self._events_seen :]
         self._events_seen += len(events)
         self.workers.note_events(e for e in events if e.get("worker_job"))
         for event in events:
@@ -192,7 +190,10 @@ class ClusterScaling:
     # -- walltime rotation (elastic/rotation.py) ---------------------------------------------
     def _maybe_rotate(self) -> None:
         """Replace worker jobs near their walltime, drain those replaced (one move at a time)."""
-        if not self.spec.worker_rotation or not self._status.state.is_up or self._stopping:
+        host = self.host
+        if not host.owned_here or host.stopping or not host.status.state.is_up:
+            return
+        if not host.spec.worker_rotation:
             return
         if any(not task.done() for task in self._rotations):
             return
@@ -202,21 +203,22 @@ class ClusterScaling:
             task.add_done_callback(self._rotations.discard)
 
     def _due_for_rotation(self) -> list[WorkerJob]:
-        lead = self.spec.worker_rotation or 0
+        lead = self.host.spec.worker_rotation or 0
         return due_for_rotation(self.workers.active(), time.time(), lead, self._head_ends_at())
 
-    def _stop_rotating(self) -> None:
+    def stop_rotating(self) -> None:
         for task in self._rotations:
             task.cancel()
 
     def _head_ends_at(self) -> float | None:
-        left = self._status.time_left
-        return None if left is None else self._status.at + left
+        status = self.host.status
+        return None if status.time_left is None else status.at + status.time_left
 
     async def _rotate(self) -> None:
         """One rotation move (decided under the lock, on the jobs as they are then)."""
-        job_dir, watcher = self._job_dir().path, watcher_for(self.transport)
-        minutes = worker_minutes(self._status.time_left, self._status.at, time.time())
+        job_dir, watcher = self.host.job_directory().path, watcher_for(self.host.transport)
+        status = self.host.status
+        minutes = worker_minutes(status.time_left, status.at, time.time())
 
         async def move(moves: Moves) -> None:
             for job in self._due_for_rotation():
@@ -227,7 +229,7 @@ class ClusterScaling:
 
         with contextlib.suppress(SlurmRayError):  # the cluster stops
             await self.workers.exclusively(move)
-        self._update_state()
+        self._on_change()
 
     async def _replace(
         self, job: WorkerJob, moves: Moves, job_dir: str, minutes: int | None
@@ -237,7 +239,7 @@ class ClusterScaling:
             (new,) = await moves.submit(1, job_dir, minutes, job.group)
         except SlurmRayError as exc:
             job.replaced_by = "-"  # reported once, not tried again
-            log.warning("%s: no replacement for worker job %s: %s", self.id, job.job_id, exc)
+            log.warning("%s: no replacement for worker job %s: %s", self.host.id, job.job_id, exc)
             await self._tell("rotation_failed", old=job.job_id, reason=str(exc), cause=cause)
             return
         job.replaced_by = new
@@ -245,21 +247,149 @@ class ClusterScaling:
 
     async def _tell(self, event: str, **fields: Any) -> None:
         with contextlib.suppress(SlurmRayError):  # the move stands without its event
-            await append_event(self.transport, self._job_dir().path, event, **fields)
+            await append_event(self.host.transport, self.host.job_directory().path, event, **fields)
 
     async def _apply_scale_request(
         self, nodes: int, group: str | None, event: dict[str, Any]
     ) -> None:
         asked = request_cause(event)
         try:
-            await self.scale_async(nodes, group=group, cause=asked, wait=False)
+            await self.scale(nodes, group=group, cause=asked, wait=False)
         except Conflict as exc:  # adapting: refused, and told where the requester looks
             line = f"scale to {nodes} nodes ({asked}) refused: {exc}"
-            log.warning("%s: %s", self.spec.name, line)
+            log.warning("%s: %s", self.host.spec.name, line)
             self._note_refusal(line)
             await self._tell("scale_refused", nodes=nodes, group=group, cause=line)
         except SlurmRayError as exc:
-            log.warning("%s: a scale request to %s nodes failed: %s", self.spec.name, nodes, exc)
+            log.warning(
+                "%s: a scale request to %s nodes failed: %s", self.host.spec.name, nodes, exc
+            )
+
+    # -- adapting (the loop: adapt.py) ------------------------------------------------------
+    async def adapt(
+        self,
+        minimum: int | bool | None = None,
+        maximum: int | None = None,
+        *,
+        idle_timeout: float | None = None,
+        max_pending: int | None = None,
+        group: str | None = None,
+        interval: float = INTERVAL,
+    ) -> AdaptSettings | None:
+        """Scale between ``minimum`` and ``maximum`` Ray nodes in all (the head's allocation
+        plus one-node worker jobs) as Ray's demand needs: worker jobs are submitted for pending
+        tasks, actors and placement groups (at most ``max_pending`` waiting in Slurm's queue
+        at once), and idle ones (nothing run for ``idle_timeout`` s) drained and cancelled.
+        ``adapt(False)`` stops (as ``stop_adapting()``). Defaults: ``SlurmRay.adapt_*``
+        settings. SpecError (one line, naming the field) for bad input; nothing changes then.
+        Returns the settings in force (None when stopped)."""
+        host = self.host
+        if minimum is False:
+            await self.stop_adapting()
+            return None
+        settings = checked_or_default(
+            host.spec.nodes, minimum, maximum, idle_timeout, max_pending, group
+        )
+        self.checked_scale(settings.maximum)  # it is up, owned here, not local
+        if not host.owned_here:
+            raise SlurmRayError(
+                f"cluster {host.spec.name} is owned by another process: attach it to adapt it"
+            )
+        await self.stop_adapting()
+        self._adapter = Adapter(host, self.workers, settings, interval, self._on_change)
+        self._adapter.start()
+        self._on_change()
+        await self._tell(ADAPT_EVENT, report="started", cause=settings.describe())
+        return settings
+
+    async def request_adapt(
+        self,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        *,
+        off: bool = False,
+        idle_timeout: float | None = None,
+        max_pending: int | None = None,
+    ) -> AdaptSettings | None:
+        """From a process that does not own the cluster (the CLI, another kernel, the server):
+        ask its owner to adapt with these settings (checked here first, one line), or to stop;
+        an ``adapt_request`` event the owner reads anyway and applies."""
+        host = self.host
+        record = host.registry.load(host.id)
+        if record is not None and record.owner_gone:
+            raise SlurmRayError(
+                f"the owner of {host.spec.name} (pid {record.owner_pid} on "
+                f"{record.owner_host}) is gone: attach the cluster, then adapt it"
+            )
+        job_dir = host.job_directory().path
+        if off:
+            await append_event(host.transport, job_dir, ADAPT_REQUEST, off=True)
+            return None
+        settings = checked_or_default(
+            host.spec.nodes, minimum, maximum, idle_timeout, max_pending, None
+        )
+        await append_event(
+            host.transport, job_dir, ADAPT_REQUEST, minimum=settings.minimum,
+            maximum=settings.maximum, idle_timeout=settings.idle_timeout,
+            max_pending=settings.max_pending,
+        )  # fmt: skip
+        return settings
+
+    async def _apply_adapt_request(self, event: dict[str, Any]) -> None:
+        asked = request_cause(event)
+        try:
+            if event.get("off") is True:
+                await self.stop_adapting()
+                return
+            await self.adapt(
+                event.get("minimum"),
+                event.get("maximum"),
+                idle_timeout=event.get("idle_timeout"),
+                max_pending=event.get("max_pending"),
+            )
+        except SlurmRayError as exc:
+            log.warning("%s: an adapt request (%s) failed: %s", self.host.id, asked, exc)
+
+    async def stop_adapting(self) -> None:
+        """Stop the adaptive loop (the worker jobs stay as they are)."""
+        adapter, self._adapter = self._adapter, None
+        if adapter is not None:
+            await adapter.stop()
+            self._on_change()
+
+    def _refuse_while_adapting(self, group: str) -> None:
+        """Conflict when a manual scale of ``group`` would fight the adapt loop: adapt alone
+        sizes the default worker jobs while it runs (other groups are scaled by hand)."""
+        adapter = self.adapting
+        if adapter is not None and group == adapter.settings.group:
+            raise Conflict(adapter.settings.refuses_scale(self.host.spec.name))
+
+    async def _refuse_if_recorded_adapting(self, record: ClusterRecord) -> None:
+        """The same rule for another process: Conflict when the owner adapts, as its record
+        and the adapt requests made since it was written tell."""
+        settings = await recorded_adapting(record, self.host.job_directory())
+        if settings is not None:
+            raise Conflict(settings.refuses_scale(self.host.spec.name))
 
     def _note_refusal(self, line: str) -> None:
-        raise NotImplementedError  # ClusterAdapting's (elastic/adapt.py)
+        """A scale request refused while adapting, shown with adapt's decisions."""
+        if self._adapter is not None:
+            self._adapter.note(line)
+
+    @property
+    def adapting(self) -> Adapter | None:
+        """The running adaptive loop, if any (its settings, decisions, last error)."""
+        adapter = self._adapter
+        return adapter if adapter is not None and adapter.running else None
+
+    def scaling_lines(self) -> tuple[str, ...]:
+        """What the status shows of scaling: adapt's lines while it runs, else the last
+        scaling decisions (scale, rotation) told in the events, with their cause; then the
+        worker jobs being drained."""
+        adapter = self._adapter
+        lines = adapter.lines() if adapter is not None else recent_decisions(self.host.events)
+        draining = self.workers.draining()
+        if draining:
+            jobs = ", ".join(draining)
+            return (*lines, f"draining worker job {jobs}: it ends once its tasks are done")
+        return lines

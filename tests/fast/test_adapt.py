@@ -188,6 +188,10 @@ class _Workers:
         return await move(None)
 
 
+class _Status:
+    state = _State()
+
+
 class _Spec:
     name, nodes, cpus_per_node, gpus_per_node, mem_per_node = "ray", 1, 1, 0, None
 
@@ -195,7 +199,7 @@ class _Spec:
 class _StubCluster:
     """What Adapter reads of a cluster (no Slurm, no Ray)."""
 
-    spec, state, workers, events, _stopping = _Spec(), _State(), _Workers(), [], False
+    spec, status, workers, events, stopping = _Spec(), _Status(), _Workers(), [], False
 
     def __init__(self) -> None:
         self.updates = 0
@@ -211,7 +215,13 @@ async def test_a_failing_step_is_shown_and_the_loop_goes_on():
     from jupyter_slurm_ray.elastic.raydemand import RayView
 
     cluster = _StubCluster()
-    adapter = Adapter(cluster, SETTINGS, interval=0.01)  # type: ignore[arg-type]
+    adapter = Adapter(
+        cluster,  # type: ignore[arg-type]
+        cluster.workers,  # type: ignore[arg-type]
+        SETTINGS,
+        interval=0.01,
+        on_change=cluster._update_state,
+    )
     answers = [RuntimeError("dashboard: connection refused"), RayView((), {}, ONE_CPU)]
     errors_seen = []
 

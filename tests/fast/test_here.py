@@ -416,7 +416,7 @@ async def test_down_stops_the_steps_and_leaves_the_allocation_running(here_clust
     assert slurm.signalled == [("--signal=USR2", "77.0")]  # the bootstrap stops its Ray
     assert slurm.jobs["77"].state == "RUNNING"  # the allocation, the notebook's, runs on
     with pytest.raises(SpecError):  # a here cluster has its allocation's nodes: no scaling
-        cluster._checked_scale(4)
+        cluster.elastic.checked_scale(4)
 
 
 async def test_the_allocations_end_ends_the_cluster_with_its_state(here_cluster, slurm) -> None:

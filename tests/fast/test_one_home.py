@@ -64,7 +64,7 @@ def test_the_bootstrap_reads_every_setting_the_client_writes_with_the_same_defau
 
 
 def test_every_coroutine_of_a_cluster_has_its_blocking_twin_declared_and_listed():
-    # The whole MRO: the mixins (ClusterScaling, ClusterAdapting) declare twins too.
+    # The whole MRO, should the cluster ever have bases that declare twins too.
     twins = set()
     for cls in SlurmRayCluster.__mro__:
         members = vars(cls)
