@@ -53,7 +53,7 @@ from .registry import ClusterRecord, Registry
 from .slurm.client import JobInfo, SlurmClient
 from .slurm.hereplan import head_step, plan_here, planned_spec
 from .slurm.heresteps import HereSteps
-from .slurm.localjobs import scheduler_for
+from .slurm.schedulers import scheduler_for_mode
 from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
 from .slurm.walltime import Extension, extend_walltime
 from .slurm.watch import Answer, watcher_for
@@ -107,9 +107,8 @@ class SlurmRayCluster:
         self.transport = transport or LocalTransport()
         if spec.mode == "local":  # processes of this machine instead of a Slurm job
             self.transport = self.transport.for_local_mode()
-        self.slurm: SlurmClient = scheduler_for(self.transport)
-        if spec.mode == "here":  # steps of this kernel's own allocation instead of a job
-            self.slurm = HereSteps(self.transport)
+        # sbatch, processes of this machine (local), or steps of this kernel's allocation (here)
+        self.slurm: SlurmClient = scheduler_for_mode(spec.mode, self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected

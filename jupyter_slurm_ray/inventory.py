@@ -22,9 +22,8 @@ from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
 from .naming import job_comment
 from .registry import ClusterRecord, Registry, Unreadable
 from .slurm.client import JobInfo, SlurmClient
-from .slurm.heresteps import query_jobs
-from .slurm.localjobs import scheduler_for
 from .slurm.queuecache import SharedQueue
+from .slurm.schedulers import query_jobs
 from .states import EventSummary, State, Status, derive_status, status_of_record
 from .targets import Transports
 
@@ -224,7 +223,7 @@ class Inventory:
             self.slurm_queries += 1
             try:
                 transport = self.transports.for_target(target)
-                slurm = scheduler_for(transport, shared=self._queue(target))
+                slurm = SlurmClient(transport, shared=self._queue(target))
                 snapshot.jobs.update(await query_jobs(slurm, job_ids, max_age=max_age))
                 self._silent_since.pop(target, None)
             except (SlurmUnavailable, UnknownTarget) as exc:

@@ -65,8 +65,8 @@ def target_name(target: str | Mapping[str, Any]) -> str:
 
     Only a name: a transport is never built from a record (see ``targets.Transports``).
     """
-    if isinstance(target, str):
-        return target
+    if isinstance(target, str):  # "local mode …": local mode's, before it ran on "local …"
+        return "local" + target[len("local mode") :] if target.startswith("local mode") else target
     if not isinstance(target, Mapping):
         return "?"
     kind = target.get("kind")

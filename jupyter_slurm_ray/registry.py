@@ -25,7 +25,6 @@ import logging
 import os
 import socket
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RegistryError, SlurmRayError
+from .files import write_atomic
 from .naming import CLUSTER_ID_ALLOWED, HERE_JOB_ID, is_cluster_id, target_name
 from .owner import ProcessIdentity, this_process
 from .states import FINAL, State
@@ -469,19 +469,3 @@ def _read_private(path: Path) -> str:
     if len(data) > MAX_RECORD_BYTES:
         raise RegistryError(f"{path.name} is larger than {MAX_RECORD_BYTES} bytes")
     return data.decode("utf-8", errors="replace")
-
-
-def write_atomic(path: Path, text: str, mode: int) -> None:
-    """Write ``text`` to ``path`` so readers see the old or the new file, never a mix."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

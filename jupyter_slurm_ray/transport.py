@@ -109,22 +109,18 @@ class Transport(ABC):
     #: The name of where commands run ("local", "local (runuser -u alice --)",
     #: "ssh://alice@login1:22"): records keep it to say which configured transport they need.
     target: str = ""
-    #: True for the transport of local mode: the cluster's "job" runs as processes of this
-    #: machine (``localjobs.LocalJobs``) instead of a Slurm job.
-    local_mode: bool = False
 
     def __init__(self) -> None:
         self._home: str | None = None
         self._local_mode: Transport | None = None
 
     def for_local_mode(self) -> Transport:
-        """The transport of this process's local-mode clusters (one, reused): commands run
-        here, as the user this transport acts as on this machine (a local ``command_prefix``
-        is kept; from a laptop configured for SSH, the laptop's own user)."""
-        if self.local_mode:
-            return self
+        """Where this process's local-mode clusters run (one transport, reused): this machine,
+        as the user this transport acts as here (a local ``command_prefix`` is kept; from a
+        laptop configured for SSH, the laptop's own user). Which scheduler runs their jobs is
+        the cluster's mode's (``slurm/schedulers.py``), not the transport's."""
         if self._local_mode is None:
-            self._local_mode = LocalTransport(self._local_prefix(), local_mode=True)
+            self._local_mode = LocalTransport(self._local_prefix())
         return self._local_mode
 
     def _local_prefix(self) -> tuple[str, ...]:
@@ -242,12 +238,13 @@ class LocalTransport(Transport):
     to act as another user, or a site wrapper. It is a list, never a shell string.
     """
 
-    def __init__(self, command_prefix: Sequence[str] = (), *, local_mode: bool = False) -> None:
+    def __init__(self, command_prefix: Sequence[str] = ()) -> None:
         super().__init__()
         self.command_prefix = tuple(command_prefix)
-        self.local_mode = local_mode
-        kind = "local mode" if local_mode else "local"
-        self.target = kind + (f" ({shlex.join(self.command_prefix)})" if command_prefix else "")
+        self.target = "local" + (f" ({shlex.join(self.command_prefix)})" if command_prefix else "")
+
+    def for_local_mode(self) -> Transport:
+        return self  # already this machine
 
     def _local_prefix(self) -> tuple[str, ...]:
         return self.command_prefix

@@ -129,7 +129,7 @@ def test_a_local_cluster_whose_owner_is_gone_stops_by_its_lease(no_slurm, tmp_pa
     )
     assert owner.returncode == -9, owner.stdout + owner.stderr
     job_id, job_dir = owner.stdout.split()
-    jobs = LocalJobs(LocalTransport(local_mode=True))
+    jobs = LocalJobs(LocalTransport())
 
     def final_state() -> str | None:
         info = asyncio.run(jobs.query([job_id])).get(job_id)

@@ -26,14 +26,13 @@ from ..clientevents import append_event
 from ..errors import SlurmRayError
 from ..slurm.watch import watcher_for
 from .groups import DEFAULT_GROUP
-from .moves import Moves
+from .moves import Moves, WorkerBook
 from .policy import AdaptSettings, Decision, JobView, Memory, checked_settings, decide
 from .raydemand import RayView, Shape, parse_cluster_status
-from .workerjobs import worker_minutes
+from .workerjob import worker_minutes
 
 if TYPE_CHECKING:
     from .host import ClusterHost
-    from .workerjobs import WorkerJobs
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class Adapter:
     def __init__(
         self,
         host: ClusterHost,
-        workers: WorkerJobs,
+        workers: WorkerBook,
         settings: AdaptSettings,
         interval: float = INTERVAL,
         on_change: Callable[[], None] = lambda: None,

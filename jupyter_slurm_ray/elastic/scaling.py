@@ -38,8 +38,8 @@ from .host import ClusterHost
 from .moves import Moves
 from .policy import AdaptSettings
 from .rotation import due_for_rotation, replaced_and_joined, rotation_cause
-from .workerjob import WorkerJob
-from .workerjobs import WorkerJobs, checked_node_count, worker_minutes
+from .workerjob import WorkerJob, worker_minutes
+from .workerjobs import WorkerJobs, checked_node_count
 
 log = logging.getLogger(__name__)
 

@@ -75,15 +75,6 @@ def checked_node_count(nodes: object, minimum: int) -> int:
     return nodes
 
 
-def worker_minutes(time_left: int | None, at: float, now: float) -> int | None:
-    """A worker job's walltime: the head's time left now, in whole minutes (at least 1), so
-    that it never outlives the head and Slurm can backfill it before jobs that wait for the
-    head's nodes; None when unknown or unlimited (the spec's walltime then)."""
-    if time_left is None:
-        return None
-    return max(1, int((time_left - max(0.0, now - at)) // 60))
-
-
 class WorkerJobs:
     """The worker jobs of one cluster, and the moves that change them."""
 

@@ -134,17 +134,18 @@ class JobDir:
     def file(self, name: str) -> str:
         return f"{self.path}/{name}"
 
-    def bootstrap_command(self, python: str | None) -> list[str]:
+    def bootstrap_command(self, python: str | None, *, local_mode: bool = False) -> list[str]:
         """The job's command: the shipped bootstrap package run as a directory.
 
         ``python`` None (not set): this kernel's own environment when Slurm runs here (its
         ``bin`` first on PATH, as an activation would put it, so ``ray`` is found), after
         :func:`kernel_environment` judged that the compute nodes share it; ``python3`` over SSH.
+        ``local_mode``: this machine runs the job, so no node needs to share the environment.
         """
         run = [self.file("bootstrap"), "head", self.path]
         if python is not None:
             return [python, *run]
-        if self.transport.local_mode:  # this machine runs it: no node needs to share it
+        if local_mode:
             return [*kernel_python_argv(KernelEnvironment.of_this_process()), *run]
         if not isinstance(self.transport, LocalTransport):
             return ["python3", *run]

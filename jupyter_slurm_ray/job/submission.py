@@ -21,7 +21,7 @@ from ..errors import (
     TransportError,
 )
 from ..slurm.client import SlurmClient
-from ..slurm.localjobs import with_local_mode_hint
+from ..slurm.localjobs import LocalJobs, with_local_mode_hint
 from ..spec import ClusterSpec
 from ..transport import Transport
 from . import packs
@@ -42,7 +42,9 @@ async def prepare(
     environment is packed on this side first if neither side has the archive yet."""
     site = await probe_site(transport, spec.job_dir_root, spec.export_env)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
-    command = directory.bootstrap_command(packs.bootstrap_python(spec))
+    command = directory.bootstrap_command(
+        packs.bootstrap_python(spec), local_mode=spec.mode == "local"
+    )
     if spec.environment == "pack":  # named by what is installed, with its content's hash
         env = packs.describe_environment()  # (packed here if missing; shipped by submit())
         pack = await packs.prepare_pack(transport, env, site.job_dir_root)
@@ -85,7 +87,7 @@ async def submit(
     except SlurmError as exc:  # nothing was queued
         forget_record()
         await job_dir.remove()
-        if isinstance(exc, SlurmUnavailable) and not slurm.transport.local_mode:
+        if isinstance(exc, SlurmUnavailable) and not isinstance(slurm, LocalJobs):
             raise with_local_mode_hint(exc) from None
         raise
 

@@ -33,8 +33,8 @@ from ..job.directory import EVENTS, JobDir, parse_events
 from ..naming import is_cluster_id
 from ..ownership import live_owner
 from ..registry import ClusterRecord, Registry
-from ..slurm.heresteps import scheduler_of
 from ..slurm.queueinfo import queue_insight
+from ..slurm.schedulers import scheduler_of
 from ..slurm.sitecheck import check_with_slurm
 from ..slurm.usage import Usage, fetch_usages
 from ..slurm.walltime import extend_walltime, parse_extension, warning_due

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -372,3 +373,28 @@ def _slurm_message(exc: CommandError) -> str:
     ]
     message = "; ".join(lines) or f"exit status {exc.returncode}"
     return f"{exc.argv[0]} failed: {message}"
+
+
+async def run_program(transport: Transport, argv: list[str], what: str, timeout: float) -> str:
+    """The output of a scheduler's own shell program (``argv``); its failure as Slurm's,
+    named by ``what`` (``local mode``, ``--here``)."""
+    try:
+        result = await transport.run(argv, timeout=timeout)
+    except CommandError as exc:
+        raise SlurmError(f"{what}: {exc.stderr.strip() or exc}") from None
+    except TransportError as exc:
+        raise SlurmUnavailable(f"{what}: {exc}") from None
+    return result.stdout
+
+
+def script_options(script: str) -> dict[str, str]:
+    """A job script's ``#SBATCH`` long options as sbatch reads them (the last of each wins; a
+    flag's value is "")."""
+    options: dict[str, str] = {}
+    for line in script.splitlines():
+        if not line.startswith("#SBATCH "):
+            continue
+        for word in shlex.split(line[len("#SBATCH ") :]):
+            name, _, value = word.partition("=")
+            options[name] = value
+    return options

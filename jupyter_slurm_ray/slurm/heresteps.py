@@ -3,8 +3,8 @@ allocation (``srun --overlap --jobid=<allocation>``) instead of a job of its own
 
 ``HereSteps`` is a :class:`~.slurm.SlurmClient` that also knows such steps by their ids,
 ``here-<allocation>-<runner pid>`` (never a Slurm job id); Slurm's own jobs it passes on.
-:func:`scheduler_of` picks it by a job's id, and :func:`query_jobs` lets a watcher or an
-inventory ask about both kinds at once.
+``schedulers.py`` picks it by a job's id and lets a watcher or an inventory ask about both
+kinds at once.
 
 - ``submit`` (given the :class:`HeadStep`) starts a *runner* (a constant sh program, below) in
   a new session where the transport runs commands. The runner runs ``srun --overlap --jobid=J
@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..naming import HERE_JOB_ID
 from ..transport import Transport
-from .client import JobInfo, SlurmClient, is_script_text
-from .localjobs import run_program, scheduler_for, script_options
+from .client import JobInfo, SlurmClient, is_script_text, run_program, script_options
 
 if TYPE_CHECKING:
     from .queuecache import SharedQueue
@@ -50,8 +49,6 @@ __all__ = [
     "StepRun",
     "allocation_of",
     "is_here_job_id",
-    "query_jobs",
-    "scheduler_of",
     "step_state",
 ]
 
@@ -393,27 +390,3 @@ class HereSteps(SlurmClient):
         rows = (line.split("|", 1) for line in answer.stdout.splitlines() if "|" in line)
         steps = [(step.strip(), named.strip()) for step, named in rows]
         return [step for step, named in steps if named == name and _STEP_ID.fullmatch(step)]
-
-
-def scheduler_of(
-    transport: Transport, job_id: str | None, *, shared: SharedQueue | None = None
-) -> SlurmClient:
-    """The scheduler of one job, by its id: a here step's, else the transport's."""
-    if is_here_job_id(job_id):
-        return HereSteps(transport, shared=shared)
-    return scheduler_for(transport, shared=shared)
-
-
-async def query_jobs(
-    scheduler: SlurmClient, job_ids: Iterable[str], *, max_age: float = 0.0
-) -> dict[str, JobInfo]:
-    """``scheduler.query``, here steps among the jobs included (asked through HereSteps on
-    the same transport and shared queue)."""
-    ids = list(job_ids)
-    if isinstance(scheduler, HereSteps) or not any(is_here_job_id(job) for job in ids):
-        return await scheduler.query(ids, max_age=max_age)
-    here = HereSteps(scheduler.transport, timeout=scheduler.timeout, shared=scheduler.shared)
-    try:
-        return await here.query(ids, max_age=max_age)
-    finally:
-        scheduler.commands_run += here.commands_run

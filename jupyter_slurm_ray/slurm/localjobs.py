@@ -2,7 +2,7 @@
 
 ``LocalJobs`` answers the part of :class:`~.slurm.SlurmClient`'s API the lifecycle uses, so
 that ``cluster.py``, the watcher, the inventory and the server only pick the scheduler by the
-transport (:func:`scheduler_for`). The same job script and bootstrap run, one node:
+cluster's mode or a job's id (``schedulers.py``). The same job script and bootstrap run, one node:
 
 - ``submit`` takes the script's text, as sbatch on its stdin, reads its ``#SBATCH`` lines (job
   dir, walltime, CPUs, memory, the warning signal, the ``--export`` list: the job gets only
@@ -24,20 +24,27 @@ transport (:func:`scheduler_for`). The same job script and bootstrap run, one no
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
+from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..job.checks import parse_walltime
 from ..transport import Transport
-from .client import JobInfo, Partition, SlurmClient, UsageRow, is_script_text
+from .client import (
+    JobInfo,
+    Partition,
+    SlurmClient,
+    UsageRow,
+    is_script_text,
+    run_program,
+    script_options,
+)
 
 if TYPE_CHECKING:
-    from .queuecache import SharedQueue
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +53,6 @@ __all__ = [
     "LocalJobs",
     "is_local_job_id",
     "job_limits",
-    "scheduler_for",
-    "script_options",
     "with_local_mode_hint",
 ]
 
@@ -170,18 +175,6 @@ kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
 """.replace("__STATE__", STATE_DIR)
 
 
-async def run_program(transport: Transport, argv: list[str], what: str, timeout: float) -> str:
-    """The output of a scheduler's own shell program (``argv``); its failure as Slurm's,
-    named by ``what`` (``local mode``, ``--here``)."""
-    try:
-        result = await transport.run(argv, timeout=timeout)
-    except CommandError as exc:
-        raise SlurmError(f"{what}: {exc.stderr.strip() or exc}") from None
-    except TransportError as exc:
-        raise SlurmUnavailable(f"{what}: {exc}") from None
-    return result.stdout
-
-
 def is_local_job_id(job_id: str) -> bool:
     """``local-<pid>``: the id of a local-mode job."""
     return job_id.startswith("local-") and job_id[len("local-") :].isdigit()
@@ -190,26 +183,6 @@ def is_local_job_id(job_id: str) -> bool:
 def with_local_mode_hint(exc: SlurmUnavailable) -> SlurmUnavailable:
     """The same silence, its message ending with how to run without Slurm."""
     return SlurmUnavailable(f"{exc}; {LOCAL_MODE_HINT}")
-
-
-def scheduler_for(transport: Transport, *, shared: SharedQueue | None = None) -> SlurmClient:
-    """The scheduler of a transport's clusters: local jobs in local mode, else Slurm."""
-    if transport.local_mode:
-        return LocalJobs(transport)
-    return SlurmClient(transport, shared=shared)
-
-
-def script_options(script: str) -> dict[str, str]:
-    """A job script's ``#SBATCH`` long options as sbatch reads them (the last of each wins; a
-    flag's value is "")."""
-    options: dict[str, str] = {}
-    for line in script.splitlines():
-        if not line.startswith("#SBATCH "):
-            continue
-        for word in shlex.split(line[len("#SBATCH ") :]):
-            name, _, value = word.partition("=")
-            options[name] = value
-    return options
 
 
 def job_limits(script: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from ..registry import write_atomic
+from ..files import write_atomic
 
 log = logging.getLogger(__name__)
 

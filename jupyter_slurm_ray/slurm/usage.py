@@ -18,6 +18,7 @@ from ..errors import SlurmError, TransportError
 from ..transport import Transport
 from .client import FINAL_STATES, SlurmClient, UsageRow
 from .heresteps import allocation_of, is_here_job_id
+from .localjobs import is_local_job_id
 from .output import tres_amount
 
 __all__ = ["Usage", "cached_usage", "fetch_usage", "fetch_usages", "usage_of_rows"]
@@ -166,10 +167,9 @@ async def fetch_usages(
         for key in dict.fromkeys(wanted)
         if key and not ((entry := known.get(key)) and (entry[1].final or now - entry[0] < max_age))
     ]
-    if stale and transport.local_mode:  # nothing to ask: say so, as sacct's silence would
-        for key in stale:
-            known[key] = (now, Usage(key, unavailable="local mode has no Slurm accounting"))
-        stale = []
+    for key in [key for key in stale if any(is_local_job_id(job) for job in key)]:
+        known[key] = (now, Usage(key, unavailable="local mode has no Slurm accounting"))
+        stale.remove(key)
     for key in [key for key in stale if any(is_here_job_id(job) for job in key)]:
         why = f"a --here cluster's steps count as allocation {allocation_of(key[0])}'s usage"
         known[key] = (now, Usage(key, unavailable=why))

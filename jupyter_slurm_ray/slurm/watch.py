@@ -26,9 +26,8 @@ from pathlib import Path
 from ..errors import SlurmUnavailable
 from ..transport import Transport
 from .client import JobInfo, SlurmClient
-from .heresteps import query_jobs
-from .localjobs import scheduler_for
 from .queuecache import SharedQueue
+from .schedulers import query_jobs
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +198,7 @@ def watcher_for(
     ``shared_dir`` (the user's state dir), its queries share the user's queue on this host."""
     watcher = _watchers.get(transport)
     if watcher is None:
-        watcher = JobWatcher(scheduler_for(transport), interval)
+        watcher = JobWatcher(SlurmClient(transport), interval)
         _watchers[transport] = watcher
     if shared_dir is not None and watcher.slurm.shared is None:
         watcher.slurm.shared = SharedQueue(shared_dir, transport.target)

@@ -34,10 +34,9 @@ from jupyter_slurm_ray.slurm.heresteps import (
     StepRun,
     allocation_of,
     is_here_job_id,
-    query_jobs,
-    scheduler_of,
     step_state,
 )
+from jupyter_slurm_ray.slurm.schedulers import query_jobs, scheduler_of
 from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
 from jupyter_slurm_ray.slurm.usage import fetch_usage
 from jupyter_slurm_ray.spec import ClusterSpec, ignored_here

@@ -23,8 +23,8 @@ from jupyter_slurm_ray.slurm.localjobs import (
     is_local_job_id,
     job_limits,
     parse_local_line,
-    scheduler_for,
 )
+from jupyter_slurm_ray.slurm.schedulers import scheduler_for_mode, scheduler_of
 from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
 from jupyter_slurm_ray.slurm.usage import fetch_usage
 from jupyter_slurm_ray.spec import ClusterSpec
@@ -72,15 +72,17 @@ def test_the_local_option_sets_the_mode(subcommand: str) -> None:
 
 
 # -- where it runs and who schedules it -------------------------------------------------------
-def test_local_mode_has_its_own_target_beside_the_configured_one() -> None:
+def test_local_mode_runs_on_this_machine_and_its_scheduler_is_chosen_by_mode_or_job_id() -> None:
     configured = LocalTransport(["env"])
     transports = Transports(lambda: configured)
-    local = transports.for_target("local mode (env)")
-    assert local.local_mode and local is configured.for_local_mode()
+    local = transports.for_target("local mode (env)")  # a record of when it had its own name
+    assert local is configured.for_local_mode() is configured  # where: this machine
     assert transports.for_target("local (env)") is configured
     assert transports.reaches("local mode (env)") and not transports.reaches("local mode")
-    assert isinstance(scheduler_for(local), LocalJobs)
-    assert type(scheduler_for(configured)) is SlurmClient
+    assert isinstance(scheduler_for_mode("local", local), LocalJobs)  # who: the mode's
+    assert type(scheduler_for_mode("slurm", configured)) is SlurmClient
+    assert isinstance(scheduler_of(configured, "local-42"), LocalJobs)  # or the job id's
+    assert type(scheduler_of(configured, "42")) is SlurmClient
 
 
 def test_a_local_job_id_is_kept_in_a_record(tmp_path: Path) -> None:
@@ -150,7 +152,7 @@ echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST with $SLURM_CPUS_ON_NODE cpus, $J
 @pytest.fixture
 def jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalJobs:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the runner's state dir is in $HOME
-    return LocalJobs(LocalTransport(local_mode=True))
+    return LocalJobs(LocalTransport())
 
 
 def job_dir(tmp_path: Path, body: str, time: str = "10", warning: int = 60) -> str:
@@ -216,14 +218,14 @@ async def test_what_only_slurm_has_is_refused_in_its_words(jobs: LocalJobs) -> N
 
 def test_a_local_cluster_is_not_scaled_since_worker_jobs_need_slurm() -> None:
     cluster = SlurmRayCluster(ClusterSpec(mode="local", time="10"), LocalTransport())
-    assert cluster.transport.target == "local mode" and isinstance(cluster.slurm, LocalJobs)
+    assert cluster.transport.target == "local" and isinstance(cluster.slurm, LocalJobs)
     with pytest.raises(SpecError) as error:
         cluster.scale(2)
     assert error.value.field == "nodes" and "local mode" in str(error.value)
 
 
 async def test_the_usage_of_a_local_cluster_says_there_is_no_accounting() -> None:
-    usage = await fetch_usage(LocalTransport(local_mode=True), ["local-42"])
+    usage = await fetch_usage(LocalTransport(), ["local-42"])
     assert usage.unavailable == "local mode has no Slurm accounting"
 
 

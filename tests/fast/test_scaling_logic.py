@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.elastic.workerjobs import checked_node_count, worker_minutes
+from jupyter_slurm_ray.elastic.workerjob import worker_minutes
+from jupyter_slurm_ray.elastic.workerjobs import checked_node_count
 from jupyter_slurm_ray.errors import SlurmRayError, SpecError
 from jupyter_slurm_ray.inventory import find_orphans
 from jupyter_slurm_ray.naming import (

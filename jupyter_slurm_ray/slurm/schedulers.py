@@ -1,0 +1,73 @@
+"""Which scheduler runs a cluster's jobs, chosen once: by the cluster's mode for a new cluster
+(Slurm's sbatch, local mode's processes of this machine, or steps of the kernel's own
+allocation), by the job's id for a known one (``local-<pid>``, ``here-<allocation>-<pid>``, else
+Slurm's). A transport only says where the commands run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..transport import Transport
+from .client import JobInfo, SlurmClient
+from .heresteps import HereSteps, is_here_job_id
+from .localjobs import LocalJobs, is_local_job_id
+from .queuecache import SharedQueue
+
+
+def scheduler_for_mode(
+    mode: str, transport: Transport, *, shared: SharedQueue | None = None
+) -> SlurmClient:
+    """The scheduler of a new cluster of ``mode`` (``ClusterSpec.mode``)."""
+    if mode == "local":
+        return LocalJobs(transport)
+    if mode == "here":
+        return HereSteps(transport, shared=shared)
+    return SlurmClient(transport, shared=shared)
+
+
+def scheduler_of(
+    transport: Transport, job_id: str | None, *, shared: SharedQueue | None = None
+) -> SlurmClient:
+    """The scheduler of one job, by its id."""
+    if job_id is not None and is_local_job_id(job_id):
+        return LocalJobs(transport)
+    if is_here_job_id(job_id):
+        return HereSteps(transport, shared=shared)
+    return SlurmClient(transport, shared=shared)
+
+
+async def query_jobs(
+    scheduler: SlurmClient, job_ids: Iterable[str], *, max_age: float = 0.0
+) -> dict[str, JobInfo]:
+    """``scheduler.query`` for jobs of any kind on its transport: local mode's asked of
+    ``LocalJobs``; Slurm's and here steps of ``HereSteps`` when there are here steps among
+    them (it knows both), else of ``scheduler`` (Slurm's, or the one the jobs are of)."""
+    ids = list(job_ids)
+    local = [job for job in ids if is_local_job_id(job)]
+    others = [job for job in ids if not is_local_job_id(job)]
+    answers: dict[str, JobInfo] = {}
+    if local:
+        answers.update(await _asked(scheduler, LocalJobs, local, max_age))
+    if others:
+        kind = HereSteps if any(is_here_job_id(job) for job in others) else SlurmClient
+        answers.update(await _asked(scheduler, kind, others, max_age))
+    return answers
+
+
+async def _asked(
+    scheduler: SlurmClient, kind: type[SlurmClient], job_ids: list[str], max_age: float
+) -> dict[str, JobInfo]:
+    """``job_ids`` asked of a ``kind`` (the scheduler itself when it is one: a here cluster's
+    ``HereSteps`` knows Slurm's jobs too) on the scheduler's transport, counted as its own."""
+    if isinstance(scheduler, kind) and not (
+        kind is SlurmClient and isinstance(scheduler, LocalJobs)
+    ):
+        return await scheduler.query(job_ids, max_age=max_age)
+    if kind is LocalJobs:
+        other: SlurmClient = LocalJobs(scheduler.transport, timeout=scheduler.timeout)
+    else:
+        other = kind(scheduler.transport, timeout=scheduler.timeout, shared=scheduler.shared)
+    try:
+        return await other.query(job_ids, max_age=max_age)
+    finally:
+        scheduler.commands_run += other.commands_run
