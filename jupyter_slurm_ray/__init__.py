@@ -65,7 +65,13 @@ def _status_line(status: Any) -> str:
     return status_line(status)
 
 
-display.set_renderer(_cluster_mimebundle, _status_line)
+def _progress_bar(what: str, total: int) -> Any:
+    from .ui.live import progress_bar
+
+    return progress_bar(what, total)
+
+
+display.set_renderer(_cluster_mimebundle, _status_line, _progress_bar)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from .aio import blocking, run_sync
 from .client import connect as ray_client
 from .client.side import ClientSide
 from .clientevents import append_event
+from .config import adapt_defaults as config_adapt_defaults
 from .elastic.adapt import Adapter
 from .elastic.policy import AdaptSettings
 from .elastic.scaling import Elastic
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ClusterTimeout", "SlurmRayCluster"]
 
 Observer = Callable[[Status], None]
+AdaptDefaults = Callable[[], Mapping[str, float]]
 
 _owned: weakref.WeakSet[SlurmRayCluster] = weakref.WeakSet()  # cancelled at exit
 _QUEUED = (State.SUBMITTING, State.PENDING)
@@ -99,11 +101,15 @@ class SlurmRayCluster:
         submit_timeout: float = 60.0,
         process: ProcessIdentity | None = None,
         driver_hosts: Sequence[str] | None = None,
+        adapt_defaults: AdaptDefaults | None = None,
     ) -> None:
         """``process``: whose cluster object this is (default: this process's); the fast
         tests model a second kernel with it. ``driver_hosts``: ``SlurmRay.driver_hosts``
-        (None: from its environment variable)."""
+        (None: from its environment variable). ``adapt_defaults``: adapt's settings where a
+        request leaves them out, read when adapt is asked for (``config.adapt_defaults`` of
+        the process's configuration; None: of the environment)."""
         self.spec = spec
+        self.adapt_defaults: AdaptDefaults = adapt_defaults or config_adapt_defaults
         self.transport = transport or LocalTransport()
         if spec.mode == "local":  # processes of this machine instead of a Slurm job
             self.transport = self.transport.for_local_mode()
@@ -225,6 +231,7 @@ class SlurmRayCluster:
         registry: Registry | None = None,
         process: ProcessIdentity | None = None,
         driver_hosts: Sequence[str] | None = None,
+        adapt_defaults: AdaptDefaults | None = None,
     ) -> SlurmRayCluster:
         """Rebuild a cluster object from its registry record (see :meth:`attach_async`): it
         reads, and may stop the cluster, but neither owns nor observes it until attached.
@@ -240,6 +247,7 @@ class SlurmRayCluster:
             cluster_id=record.id,
             process=process,
             driver_hosts=driver_hosts,
+            adapt_defaults=adapt_defaults,
         )
         cluster.ownership.know_record(record)
         cluster.job_dir = record.job_dir or None

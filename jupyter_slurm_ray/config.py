@@ -33,6 +33,7 @@ from traitlets import (
 from traitlets.config import Configurable
 from traitlets.traitlets import MetaHasTraits
 
+from .elastic.policy import ADAPT_OPTIONS
 from .errors import SpecError
 from .spec import FIELD_NAMES, ClusterSpec, resolve
 from .transport import LocalTransport, SSHTransport, Transport
@@ -107,6 +108,11 @@ _ClusterSettings: Any = MetaHasTraits(
             name: _trait(_SPEC_FIELDS[name].metadata["kind"], _SPEC_FIELDS[name].metadata["help"])
             for name in SPEC_SETTINGS
         },
+        # adapt's settings beside its bounds, from their declaration in elastic/policy.py
+        **{
+            option.setting: _trait(option.kind, f"{option.help} (default {option.default:g}).")
+            for option in ADAPT_OPTIONS
+        },
     },
 )
 
@@ -118,8 +124,7 @@ POSITIVE_SETTINGS = (
     "steady_poll_interval",
     "submit_timeout",
     "record_retention_days",
-    "adapt_idle_timeout",
-    "adapt_max_pending",
+    *(option.setting for option in ADAPT_OPTIONS),
 )
 
 
@@ -156,12 +161,6 @@ class SlurmRay(_ClusterSettings):
         "float",
         "Days an ended cluster's record is kept before it is forgotten, and after which `gc` "
         "removes its job dir and the packs no job dir names (default 7).",
-    )
-    adapt_idle_timeout = _trait(
-        "float", "Seconds a worker node runs nothing before `adapt` retires it (default 60)."
-    )
-    adapt_max_pending = _trait(
-        "int", "Worker jobs `adapt` lets wait in Slurm's queue at once (default 2)."
     )
     # -- where Slurm runs -----------------------------------------------------------------
     login_host = _trait(
@@ -262,6 +261,18 @@ def effective_setting(
         return _from_env(name, text.strip()), f"env {env_name(name)}"
     value = getattr(config, name) if config is not None else None
     return (value, f"config SlurmRay.{name}") if value is not None else (None, "default")
+
+
+def adapt_defaults(
+    config: SlurmRay | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """adapt's settings where a request leaves them out: ``SlurmRay.adapt_*`` (env over
+    config), else their declared defaults; every path that starts adapting uses these."""
+    defaults = {}
+    for option in ADAPT_OPTIONS:
+        value, _ = effective_setting(option.setting, config, environ)
+        defaults[option.name] = option.default if value is None else value
+    return defaults
 
 
 # ----------------------------------------------------------------------------- profiles

@@ -8,16 +8,27 @@ from typing import Any
 
 Renderer = Callable[[Any, Any, Any], dict[str, Any]]
 Describer = Callable[[Any], str]
+Progress = Callable[[int, int], None]  # (done, in all)
+ProgressBars = Callable[[str, int], Progress | None]  # (what, in all): a bar, or None
 
 _renderer: Renderer | None = None
 _describer: Describer | None = None
+_progress_bars: ProgressBars | None = None
 
 
-def set_renderer(renderer: Renderer, describer: Describer) -> None:
-    """``renderer(obj, include, exclude)`` answers ``_repr_mimebundle_`` from now on, and
-    ``describer(status)`` says a status in one line."""
-    global _renderer, _describer
-    _renderer, _describer = renderer, describer
+def set_renderer(
+    renderer: Renderer, describer: Describer, progress_bars: ProgressBars | None = None
+) -> None:
+    """``renderer(obj, include, exclude)`` answers ``_repr_mimebundle_`` from now on,
+    ``describer(status)`` says a status in one line, and ``progress_bars(what, total)`` shows
+    a long transfer's progress (None where the UI has no bar to show)."""
+    global _renderer, _describer, _progress_bars
+    _renderer, _describer, _progress_bars = renderer, describer, progress_bars
+
+
+def progress(what: str, total: int) -> Progress | None:
+    """A progress bar of the UI for ``what`` (``total`` in all), or None."""
+    return None if _progress_bars is None else _progress_bars(what, total)
 
 
 def status_text(status: Any) -> str:

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from .cluster import SlurmRayCluster
-from .config import SlurmRay, effective_setting, make_transport
+from .config import SlurmRay, adapt_defaults, effective_setting, make_transport
 from .errors import SlurmRayError
 from .inventory import Inventory
 from .registry import Registry
@@ -58,6 +58,7 @@ class Session:
             steady_poll_interval=float(self.setting("steady_poll_interval", 15.0)),
             submit_timeout=float(self.setting("submit_timeout", 60.0)),
             driver_hosts=self.setting("driver_hosts", ()),
+            adapt_defaults=lambda: adapt_defaults(self.config),
         )
 
     def adopt(self, cluster: SlurmRayCluster) -> SlurmRayCluster:
@@ -94,6 +95,7 @@ class Session:
             self.transport(record.target),
             registry=registry,
             driver_hosts=self.setting("driver_hosts", ()),
+            adapt_defaults=lambda: adapt_defaults(self.config),
         )
 
     def forget(self, cluster: SlurmRayCluster) -> None:

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..bootstrap import dashhttp
@@ -27,7 +27,15 @@ from ..errors import SlurmRayError
 from ..slurm.watch import watcher_for
 from .groups import DEFAULT_GROUP
 from .moves import Moves, WorkerBook
-from .policy import AdaptSettings, Decision, JobView, Memory, checked_settings, decide
+from .policy import (
+    ADAPT_DEFAULTS,
+    AdaptSettings,
+    Decision,
+    JobView,
+    Memory,
+    checked_settings,
+    decide,
+)
 from .raydemand import RayView, Shape, parse_cluster_status
 from .workerjob import worker_minutes
 
@@ -323,14 +331,16 @@ def checked_or_default(
     idle_timeout: float | None,
     max_pending: int | None,
     group: str | None,
+    defaults: Mapping[str, float] = ADAPT_DEFAULTS,
 ) -> AdaptSettings:
     """``checked_settings`` with each setting left out (None) at its default: the head's
-    nodes as the minimum, 60 s idle, 2 pending."""
+    nodes as the minimum, the others from ``defaults`` (``config.adapt_defaults``: the
+    ``SlurmRay.adapt_*`` settings, else ``policy.ADAPT_OPTIONS``' own)."""
     return checked_settings(
         head_nodes if minimum is None else minimum,
         maximum,
-        60.0 if idle_timeout is None else idle_timeout,
-        2 if max_pending is None else max_pending,
+        defaults["idle_timeout"] if idle_timeout is None else idle_timeout,
+        int(defaults["max_pending"]) if max_pending is None else max_pending,
         group,
         head_nodes,
     )

@@ -3,6 +3,7 @@ named here, so the elastic part never imports the cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ class ClusterHost(Protocol):
     def events(self) -> list[dict[str, Any]]: ...
 
     def job_directory(self) -> JobDir: ...
+
+    def adapt_defaults(self) -> Mapping[str, float]:
+        """adapt's settings where a request leaves them out (``config.adapt_defaults``)."""
 
     def require_owner(self, what: str) -> None:
         """Refused (naming the owner) unless this process owns the cluster."""

@@ -287,9 +287,8 @@ class Elastic:
         if minimum is False:
             await self.stop_adapting()
             return None
-        settings = checked_or_default(
-            host.spec.nodes, minimum, maximum, idle_timeout, max_pending, group
-        )
+        asked = (minimum, maximum, idle_timeout, max_pending, group)
+        settings = checked_or_default(host.spec.nodes, *asked, host.adapt_defaults())
         self.checked_scale(settings.maximum)  # it is up, owned here, not local
         if not host.owned_here:
             raise SlurmRayError(
@@ -326,7 +325,13 @@ class Elastic:
             await append_event(host.transport, job_dir, ADAPT_REQUEST, off=True)
             return None
         settings = checked_or_default(
-            host.spec.nodes, minimum, maximum, idle_timeout, max_pending, None
+            host.spec.nodes,
+            minimum,
+            maximum,
+            idle_timeout,
+            max_pending,
+            None,
+            host.adapt_defaults(),
         )
         await append_event(
             host.transport, job_dir, ADAPT_REQUEST, minimum=settings.minimum,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from .. import display
 from ..errors import SlurmRayError, SpecError
 from ..spec import ClusterSpec
 from ..transport import LocalTransport, Transport
@@ -311,25 +312,11 @@ def bootstrap_python(spec: ClusterSpec) -> str | None:
 
 
 def progress_display(what: str, total: int) -> Progress:
-    """A progress bar in a notebook (ipywidgets), else a line every 10 % on stderr."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-        from ipywidgets import FloatProgress, HBox, Label
-
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    if shell is not None and getattr(shell, "kernel", None) is not None:
-        bar = FloatProgress(value=0, min=0, max=max(total, 1), description="pack")
-        label = Label(what)
-        display(HBox([bar, label]))
-
-        def update(done: int, _total: int) -> None:
-            bar.value = done
-            label.value = f"{what}: {done / 1e6:.0f} / {total / 1e6:.0f} MB"
-
-        return update
+    """The UI's progress bar when it has one (``display.progress``: ipywidgets in a
+    notebook), else a line every 10 % on stderr."""
+    bar = display.progress(what, total)
+    if bar is not None:
+        return bar
     shown = [-1]
 
     def report(done: int, _total: int) -> None:

@@ -39,7 +39,13 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from tornado.ioloop import IOLoop
 
-    from ..config import SlurmRay, effective_setting, make_transport, resolve_spec
+    from ..config import (
+        SlurmRay,
+        adapt_defaults,
+        effective_setting,
+        make_transport,
+        resolve_spec,
+    )
     from ..doctor.checklist import Report, run_doctor
 
     _log_to_server(serverapp)
@@ -57,6 +63,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         )[0],
         retention=float(7 if retention_days is None else retention_days) * 86400,
         steady_poll_interval=float(15 if steady is None else steady),
+        adapt_defaults=lambda: adapt_defaults(config),
     )
     backends = DashboardBackends(
         registry, lambda record: manager.transport(record.target), manager.status

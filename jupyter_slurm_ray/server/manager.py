@@ -65,8 +65,10 @@ class ClusterManager:
         steady_poll_interval: float = 15.0,
         retention: float = 7 * DAY,
         housekeeping_interval: float = 10.0,
+        adapt_defaults: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.registry = registry
+        self.adapt_defaults = adapt_defaults  # the server's SlurmRay.adapt_* (config.py)
         self.transports = transports
         # A listing takes the user's shared queue answer up to a steady poll old: a cluster
         # that changes is watched by its owner, who asks Slurm often and shares the answer.
@@ -102,6 +104,11 @@ class ClusterManager:
             "reconciled_at": self.inventory.reconciled_at,
             "slurm_queries": self.slurm_queries,
         }
+
+    def _from_record(self, record: ClusterRecord, transport: Transport) -> SlurmRayCluster:
+        return SlurmRayCluster.from_record(
+            record, transport, registry=self.registry, adapt_defaults=self.adapt_defaults
+        )
 
     async def get(self, cluster_id: str, *, events: int = 50, log_lines: int = 100) -> dict:
         """One cluster with its recent bootstrap events, the tail of its job output and its
@@ -147,7 +154,7 @@ class ClusterManager:
             if not entry.active:
                 return self.view(entry)  # nothing left to stop
             transport = self.transports.for_target(record.target)
-            cluster = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+            cluster = self._from_record(record, transport)
         log.info("stopping cluster %s (job %s)", cluster_id, record.job_id)
         await cluster.down_async(timeout=timeout)
         self.inventory.expire()
@@ -175,7 +182,9 @@ class ClusterManager:
         spec = self._resolve_spec(settings, profile).require_complete()
         transport = self.transports.configured()
         checked = await check_with_slurm(spec, transport)
-        cluster = SlurmRayCluster(spec, transport, registry=self.registry)
+        cluster = SlurmRayCluster(
+            spec, transport, registry=self.registry, adapt_defaults=self.adapt_defaults
+        )
         await cluster.up_async(wait=False)
         self._clusters[cluster.id] = cluster
         self.inventory.expire()
@@ -227,7 +236,7 @@ class ClusterManager:
             await cluster.adapt_async(low, high, idle_timeout=idle, max_pending=pending)
         else:
             transport = self.transports.for_target(record.target)
-            other = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+            other = self._from_record(record, transport)
             await other.request_adapt_async(
                 low, high, idle_timeout=idle, max_pending=pending, off=off
             )
@@ -254,7 +263,7 @@ class ClusterManager:
             await cluster.scale_async(count, group=group, wait=False)
         else:
             transport = self.transports.for_target(record.target)
-            other = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+            other = self._from_record(record, transport)
             await other.request_scale_async(count, group)
         log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if cluster else "asked")
         self.inventory.expire()
@@ -276,7 +285,7 @@ class ClusterManager:
             cluster = self._clusters.get(cluster_id)  # held here, taken over since?
             if cluster is None:
                 transport = self.transports.for_target(record.target)
-                cluster = SlurmRayCluster.from_record(record, transport, registry=self.registry)
+                cluster = self._from_record(record, transport)
             await cluster.attach_async(takeover=True)
             self._clusters[cluster_id] = cluster
             previous = record.owner_process.describe()

@@ -51,11 +51,12 @@ def adapt_command(session: Session, args: argparse.Namespace) -> list[str]:
     if args.off:
         cluster.stop_adapting()
         return [f"{name}: adaptive scaling off (its worker jobs stay)"]
-    idle = args.idle if args.idle is not None else session.setting("adapt_idle_timeout", 60.0)
-    pending = args.max_pending
-    pending = pending if pending is not None else session.setting("adapt_max_pending", 2)
     settings = cluster.adapt(
-        args.minimum, args.maximum, idle_timeout=idle, max_pending=pending, group=args.group
+        args.minimum,
+        args.maximum,
+        idle_timeout=args.idle,
+        max_pending=args.max_pending,
+        group=args.group,
     )
     assert settings is not None
     return [f"{name}: {settings.describe()}"]

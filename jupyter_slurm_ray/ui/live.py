@@ -45,6 +45,24 @@ def frontend_has_widgets() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
+def progress_bar(what: str, total: int) -> Callable[[int, int], None] | None:
+    """A progress bar in a notebook (a long transfer, e.g. an environment pack sent to the
+    cluster; ``display.progress``), None elsewhere."""
+    if not frontend_has_widgets():
+        return None
+    from IPython.display import display
+
+    bar = widgets.FloatProgress(value=0, min=0, max=max(total, 1), description="pack")
+    label = widgets.Label(what)
+    display(widgets.HBox([bar, label]))
+
+    def update(done: int, _total: int) -> None:
+        bar.value = done
+        label.value = f"{what}: {done / 1e6:.0f} / {total / 1e6:.0f} MB"
+
+    return update
+
+
 def _since(cluster: SlurmRayCluster) -> float:
     return cluster.history[0].at if cluster.history else cluster.status.at
 

@@ -81,3 +81,25 @@ def test_the_pictures_of_the_import_graph_are_in_docs():
     docs = ROOT.parent / "docs"
     assert Path(docs / "imports-before.svg").read_text().lstrip().startswith("<?xml")
     assert Path(docs / "imports-after.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_only_the_ui_imports_ipython_and_widgets():
+    import ast
+
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = str(path.relative_to(ROOT))
+        if relative.startswith("ui/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{relative}: {n}" for n in names if n.split(".")[0] in ("IPython", "ipywidgets")
+            ]
+    assert found == []

@@ -235,6 +235,53 @@ async def test_rest_adapt_asks_the_owner_and_refuses_bad_bodies(
     ]  # fmt: skip
 
 
+# -- adapt's settings left out come from the configuration, on every path (issue 21, item 3) --
+CONFIGURED = {
+    "JUPYTER_SLURM_RAY_ADAPT_IDLE_TIMEOUT": "45",
+    "JUPYTER_SLURM_RAY_ADAPT_MAX_PENDING": "3",
+}
+
+
+@pytest.mark.usefixtures("root_logging_kept")
+def test_the_cli_fills_in_the_configured_adapt_settings(site, slurm, jobs_root, monkeypatch):
+    for name, value in CONFIGURED.items():
+        monkeypatch.setenv(name, value)
+    cluster_id = owned_elsewhere(Registry(), slurm, jobs_root)
+    assert main(["adapt", "grow", "--maximum", "4"]) == 0
+    (asked,) = adapt_requests_in(jobs_root / cluster_id)
+    assert (asked["maximum"], asked["idle_timeout"], asked["max_pending"]) == (4, 45.0, 3)
+
+
+async def test_rest_fills_in_the_configured_adapt_settings(
+    jp_fetch, server_manager, slurm, site, jobs_root, monkeypatch
+):
+    for name, value in CONFIGURED.items():
+        monkeypatch.setenv(name, value)
+    cluster_id = owned_elsewhere(Registry(site["JUPYTER_SLURM_RAY_STATE_DIR"]), slurm, jobs_root)
+    body = json.dumps({"maximum": 5})
+    await jp_fetch("slurm-ray", "api", "clusters", cluster_id, "adapt", method="POST", body=body)
+    (asked,) = adapt_requests_in(jobs_root / cluster_id)
+    assert (asked["maximum"], asked["idle_timeout"], asked["max_pending"]) == (5, 45.0, 3)
+
+
+async def test_the_magics_cluster_adapts_with_the_kernels_configured_settings(
+    make_cluster, slurm, transport
+):
+    config = SlurmRay(adapt_idle_timeout=45.0, adapt_max_pending=3)
+    made = Session(config).new_cluster(ClusterSpec(time="10"))
+    assert made.adapt_defaults() == {"idle_timeout": 45.0, "max_pending": 3}
+    cluster = make_cluster()
+    cluster.adapt_defaults = made.adapt_defaults
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 5, "READY")
+    settings = await cluster.adapt_async(1, 3)
+    assert settings is not None and (settings.idle_timeout, settings.max_pending) == (45.0, 3)
+    await cluster.stop_adapting_async()
+
+
 async def test_the_owner_applies_an_adapt_request(make_cluster, slurm, transport):
     cluster = make_cluster()
     await cluster.up_async(wait=False)
