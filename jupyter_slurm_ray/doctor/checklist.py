@@ -3,7 +3,7 @@
 From the login side: SSH (SSH mode), Slurm answers, sbatch is there (a compute node may have
 none: SSH mode to a login node then), the request fits the partition and the
 accounting (``sitecheck``), the job dir root is safely owned (``jobdir.probe_site``), the
-extensions are enabled. From a compute node, with one short test job (``doctor_job``): the
+extensions are enabled. From a compute node, with one short test job (``testjob.py``): the
 cluster's Python runs there with the same Ray and Python minor version as this kernel (and how
 long ``import ray`` takes), the job dir root is the same directory there, and the address the
 bootstrap would choose is reachable from the login node on a port of ``port_range``.

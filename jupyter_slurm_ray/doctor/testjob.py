@@ -13,7 +13,8 @@ the login side itself, so every check reports even when another one fails:
 2. *listen*: the node listens on that address and port while the login side connects to it
    (through the transport's forward: directly on the login node, tunnelled over SSH);
 3. with ``reach_back`` (driver mode is possible here): the other way, the node connects to a
-   listener of this process on a port of ``port_range`` (``connectmode.node_reaches_kernel``).
+   listener of this process on a port of ``port_range`` (``client/mode.py``'s
+   ``node_reaches_kernel``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the owner's process that reads Ray's unmet demand and idle nodes from Ray's own autoscaler
 state (the dashboard's ``api/cluster_status``, through the cluster's dashboard forward, with
 the token) and submits or retires one-node worker jobs (``WorkerJobs``) as the pure policy
-(``adaptpolicy.decide``) says.
+(``policy.decide``) says.
 
 The loop asks Slurm nothing itself: the worker jobs' states come from the cluster's watcher
 (the one squeue per poll). Every decision is an event in the cluster's ``events.jsonl``

@@ -1,6 +1,6 @@
 """What one change of a cluster's worker jobs does: submit, retire (drain), cancel.
 
-A ``Moves`` is handed to a change by ``scaling.WorkerJobs.exclusively`` only, under its lock,
+A ``Moves`` is handed to a change by ``workerjobs.WorkerJobs.exclusively`` only, under its lock,
 so that two changes never interleave. Here:
 
 - an sbatch is never killed half way: it runs in a task of its own, and a caller cancelled
