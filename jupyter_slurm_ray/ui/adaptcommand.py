@@ -1,6 +1,6 @@
 """``%slurm_ray adapt [NAME] --minimum N --maximum N [--idle S] [--max-pending N]`` and
-``--off``: the arguments and the command (the loop itself: elastic/adapt.py). Light to import: the
-magics' parser is built from it."""
+``--off``, and ``jupyter slurm-ray adapt``: the command (its arguments: ``arguments.py``; the
+loop itself: elastic/adapt.py)."""
 
 from __future__ import annotations
 
@@ -11,25 +11,6 @@ from ..errors import SlurmRayError
 
 if TYPE_CHECKING:
     from ..session import Session
-
-
-def add_adapt_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
-    """The adapt command's arguments (values checked by ``cluster.adapt``, one line)."""
-    parser.add_argument("name", nargs="?", help=name_help)
-    parser.add_argument(
-        "--minimum", metavar="N", help="Ray nodes in all at least (default: the head's)"
-    )
-    parser.add_argument("--maximum", metavar="N", help="Ray nodes in all at most")
-    parser.add_argument(
-        "--idle", metavar="S", help="seconds a worker node runs nothing before it is retired"
-    )
-    parser.add_argument(
-        "--max-pending", metavar="N", help="worker jobs waiting in Slurm's queue at once"
-    )
-    parser.add_argument(
-        "--group", metavar="G", help="worker group: 'default' (others are scaled with scale)"
-    )
-    parser.add_argument("--off", action="store_true", help="stop adapting (worker jobs stay)")
 
 
 def adapt_command(session: Session, args: argparse.Namespace) -> list[str]:

@@ -13,8 +13,8 @@ from ..errors import SlurmRayError
 from ..inventory import Orphan
 from ..session import Session
 from . import commands
-from .adaptcommand import adapt_command, add_adapt_arguments
-from .commands import NAME_HELP, add_arguments, add_scale_arguments
+from .adaptcommand import adapt_command
+from .arguments import NAME_HELP, add_adapt_arguments, add_arguments, add_scale_arguments
 from .magic_args import add_doctor_arguments, setup_lines, spec_arguments
 
 __all__ = ["main"]
@@ -99,7 +99,7 @@ def _cluster_command(
     summary: str,
     description: str | None = None,
 ) -> None:
-    """A command on one cluster (NAME), with the arguments ``commands.add_arguments`` gives it."""
+    """A command on one cluster (NAME), with the arguments ``arguments.add_arguments`` gives it."""
     parser = sub.add_parser(command, help=summary, description=description)
     add_arguments(command, parser, NAME_HELP)
 

@@ -4,7 +4,6 @@ the lines to print (doctor: its report); the callers only parse arguments and pr
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     from ..doctor.checklist import Report
 
 __all__ = [
-    "add_arguments",
     "doctor",
     "down",
     "extend",
@@ -41,33 +39,6 @@ __all__ = [
 
 Confirm = Callable[[Orphan], bool]
 ConfirmRemoval = Callable[[str], bool]  # the question: remove these N things (size)?
-
-NAME_HELP = "a cluster name, id or Slurm job id"
-NODES_HELP = "Ray nodes in all: the head's allocation plus one-node worker jobs"
-AMOUNT_HELP = "walltime to add: +30 (minutes) or a Slurm duration like +1:00:00"
-
-
-def add_arguments(command: str, parser: argparse.ArgumentParser, name_help: str) -> None:
-    """The arguments ``command`` (down, logs, forget, extend) takes, in the magic and the CLI."""
-    parser.add_argument("name", nargs="?", help=name_help)
-    if command == "down":
-        parser.add_argument("--all", action="store_true", help="every active cluster")
-    elif command == "logs":
-        parser.add_argument("--node", metavar="HOST", help="this node's Ray log instead")
-        parser.add_argument("--tail", type=int, default=100, metavar="N", help="last N lines")
-    elif command == "forget":
-        parser.add_argument("--ended", action="store_true", help="every ended cluster")
-    elif command == "extend":
-        parser.add_argument("amount", metavar="AMOUNT", help=AMOUNT_HELP)
-
-
-def add_scale_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
-    """``scale N [NAME]``, in the magic and the CLI (N checked by the cluster, one line)."""
-    parser.add_argument("nodes", metavar="N", help=NODES_HELP)
-    parser.add_argument("name", nargs="?", help=name_help)
-    parser.add_argument(
-        "--group", help="a worker group of the cluster: N is then its worker jobs (0 or more)"
-    )
 
 
 def list_table(session: Session) -> str:

@@ -15,8 +15,7 @@ from typing import Any, NoReturn
 from ..elastic.groups import parse_group_option
 from ..errors import ArgumentError, HelpRequested
 from ..spec import ClusterSpec
-from .adaptcommand import add_adapt_arguments
-from .commands import NAME_HELP, add_arguments, add_scale_arguments
+from .arguments import NAME_HELP, add_adapt_arguments, add_arguments, add_scale_arguments
 
 __all__ = [
     "SUBCOMMANDS",
