@@ -133,7 +133,7 @@ class SlurmRayCluster:
             self.transport, self.registry, self.id, self._save_record, driver_hosts
         )
         self.elastic = Elastic(self, self.slurm, self._update_state)  # worker jobs, adapt…
-        self._requests: set[asyncio.Future[None]] = set()  # cancels under way
+        self._cancels: set[asyncio.Future[None]] = set()  # worker job cancels under way
         self._stopping = False
         self._detached = False
         self._recorded = False  # written once: later writes never re-create a forgotten record
@@ -672,14 +672,14 @@ class SlurmRayCluster:
                 # scheduled, not awaited: it waits for an sbatch in flight (up to a minute),
                 # and the watcher tells every cluster of this process its news in turn
                 task = asyncio.ensure_future(self.workers.cancel_all())
-                self._requests.add(task)
+                self._cancels.add(task)
                 task.add_done_callback(self._cancelled_worker_jobs)
             if self._status.job_id:
                 watcher_for(self.transport).unwatch(self._status.job_id, self._on_answer)
                 self._following = False
 
     def _cancelled_worker_jobs(self, task: asyncio.Future[None]) -> None:
-        self._requests.discard(task)
+        self._cancels.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("cancelling the worker jobs of %s failed: %s", self.id, task.exception())
 
