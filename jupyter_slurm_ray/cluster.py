@@ -47,7 +47,7 @@ from .follow import JobFollower
 from .job import submission
 from .job.directory import JobDir
 from .lease import Lease
-from .naming import new_cluster_id
+from .naming import local_mode_target, new_cluster_id
 from .owner import ProcessIdentity
 from .ownership import Ownership, Role
 from .registry import ClusterRecord, Registry
@@ -111,8 +111,10 @@ class SlurmRayCluster:
         self.spec = spec
         self.adapt_defaults: AdaptDefaults = adapt_defaults or config_adapt_defaults
         self.transport = transport or LocalTransport()
+        self.target = self.transport.target  # what the record names: where it runs, and how
         if spec.mode == "local":  # processes of this machine instead of a Slurm job
             self.transport = self.transport.for_local_mode()
+            self.target = local_mode_target(self.transport.target)
         # sbatch, processes of this machine (local), or steps of this kernel's allocation (here)
         self.slurm: SlurmClient = scheduler_for_mode(spec.mode, self.transport)
         self.registry = registry or Registry()
@@ -736,7 +738,7 @@ class SlurmRayCluster:
         record = ClusterRecord(
             id=self.id,
             name=s.name,
-            target=self.transport.target,
+            target=self.target,
             job_dir=self.job_dir or "",
             **record_fields(status),
             nodes_wanted=s.nodes + self.workers.wanted,

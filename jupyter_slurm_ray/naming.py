@@ -60,13 +60,19 @@ def cluster_id_of_comment(comment: str) -> str | None:
     return comment[len(JOB_TAG) :] if comment.startswith(JOB_TAG) else None
 
 
+def local_mode_target(target: str) -> str:
+    """The target a local-mode cluster's record names: ``local mode`` and the user this
+    machine's transport acts as (``local mode (runuser -u alice --)``), beside Slurm's."""
+    return "local mode" + target.removeprefix("local")
+
+
 def target_name(target: str | Mapping[str, Any]) -> str:
     """The name of a record's target, also for records of older versions that stored a dict.
 
     Only a name: a transport is never built from a record (see ``targets.Transports``).
     """
-    if isinstance(target, str):  # "local mode …": local mode's, before it ran on "local …"
-        return "local" + target[len("local mode") :] if target.startswith("local mode") else target
+    if isinstance(target, str):
+        return target
     if not isinstance(target, Mapping):
         return "?"
     kind = target.get("kind")

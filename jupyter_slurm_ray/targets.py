@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 
 from .errors import UnknownTarget
-from .naming import target_name
+from .naming import local_mode_target, target_name
 from .transport import Transport
 
 __all__ = ["Transports"]
@@ -48,7 +48,7 @@ class Transports:
         name = target_name(target)  # type: ignore[arg-type]
         configured = self.configured()
         local = configured.for_local_mode()
-        if name == local.target:
+        if name == local_mode_target(local.target):
             return local
         if name != configured.target:
             raise UnknownTarget(
@@ -61,7 +61,8 @@ class Transports:
     def reaches(self, target: object) -> bool:
         configured = self.configured()
         name = target_name(target)  # type: ignore[arg-type]
-        return name in (configured.target, configured.for_local_mode().target)
+        local = local_mode_target(configured.for_local_mode().target)
+        return name in (configured.target, local)
 
     async def close(self) -> None:
         if self._configured is not None:

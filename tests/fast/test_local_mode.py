@@ -75,7 +75,7 @@ def test_the_local_option_sets_the_mode(subcommand: str) -> None:
 def test_local_mode_runs_on_this_machine_and_its_scheduler_is_chosen_by_mode_or_job_id() -> None:
     configured = LocalTransport(["env"])
     transports = Transports(lambda: configured)
-    local = transports.for_target("local mode (env)")  # a record of when it had its own name
+    local = transports.for_target("local mode (env)")  # a local-mode cluster's record
     assert local is configured.for_local_mode() is configured  # where: this machine
     assert transports.for_target("local (env)") is configured
     assert transports.reaches("local mode (env)") and not transports.reaches("local mode")
@@ -218,7 +218,7 @@ async def test_what_only_slurm_has_is_refused_in_its_words(jobs: LocalJobs) -> N
 
 def test_a_local_cluster_is_not_scaled_since_worker_jobs_need_slurm() -> None:
     cluster = SlurmRayCluster(ClusterSpec(mode="local", time="10"), LocalTransport())
-    assert cluster.transport.target == "local" and isinstance(cluster.slurm, LocalJobs)
+    assert cluster.target == "local mode" and isinstance(cluster.slurm, LocalJobs)
     with pytest.raises(SpecError) as error:
         cluster.scale(2)
     assert error.value.field == "nodes" and "local mode" in str(error.value)
