@@ -14,16 +14,15 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .bootstrap.jsr_wire import EVENTS_FILE, Event, Role
 from .elastic.policy import AdaptSettings
 from .errors import SlurmRayError
-from .job.directory import EVENTS, JobDir, parse_events
+from .job.directory import JobDir
 from .transport import Transport
 
 if TYPE_CHECKING:
     from .registry import ClusterRecord
 
-SCALE_REQUEST = "scale_request"  # the event another process appends to ask the owner to scale
-ADAPT_REQUEST = "adapt_request"  # ... to adapt (or to stop adapting)
 # Constant program (``sh -c APPEND sh LINE FILE``): one line appended to the events file.
 _APPEND = 'printf "%s\\n" "$1" >> "$2"'
 
@@ -33,10 +32,10 @@ async def append_event(
 ) -> None:
     """One event of this process (role client) appended to the cluster's ``events.jsonl``
     (TransportError when not done ``within`` seconds)."""
-    record = {"t": time.time(), "event": event, "role": "client"}
+    record = {"t": time.time(), "event": event, "role": Role.CLIENT}
     record.update(host=socket.gethostname(), pid=os.getpid(), **fields)
     line = json.dumps(record)
-    argv = ["sh", "-c", _APPEND, "sh", line, f"{job_dir.rstrip('/')}/{EVENTS}"]
+    argv = ["sh", "-c", _APPEND, "sh", line, JobDir(transport, job_dir).file(EVENTS_FILE)]
     await transport.run(argv, timeout=within)
 
 
@@ -45,7 +44,7 @@ async def request_scale(
 ) -> None:
     """Ask the cluster's owner to scale to ``nodes`` (of ``group``): a ``scale_request``."""
     fields: dict[str, Any] = {"nodes": nodes} if group is None else {"nodes": nodes, "group": group}
-    await append_event(transport, job_dir, SCALE_REQUEST, **fields)
+    await append_event(transport, job_dir, Event.SCALE_REQUEST, **fields)
 
 
 def request_cause(event: Mapping[str, Any]) -> str:
@@ -62,7 +61,7 @@ def requested_nodes(event: Mapping[str, Any], since: float) -> tuple[int, str | 
     """(node count, group or None) of a scale request made after ``since`` (this owner's
     start), else None."""
     nodes, group = event.get("nodes"), event.get("group")
-    if not made_after(event, SCALE_REQUEST, since):
+    if not made_after(event, Event.SCALE_REQUEST, since):
         return None
     if not isinstance(nodes, int) or isinstance(nodes, bool):
         return None
@@ -76,11 +75,11 @@ async def recorded_adapting(record: ClusterRecord, job_dir: JobDir) -> AdaptSett
     first = record.scaling[0] if record.scaling else ""
     settings = AdaptSettings.from_line(first)
     try:
-        events = parse_events(await job_dir.transport.tail(job_dir.file(EVENTS), 200))
+        events = await job_dir.recent_events(200)
     except SlurmRayError:
         return settings
     for event in events:
-        if not made_after(event, ADAPT_REQUEST, record.updated_at):
+        if not made_after(event, Event.ADAPT_REQUEST, record.updated_at):
             continue
         low, high = event.get("minimum"), event.get("maximum")
         if event.get("off") is True:

@@ -28,6 +28,7 @@ from typing import Any
 
 from . import display
 from .aio import blocking, run_sync
+from .bootstrap.jsr_wire import Event
 from .client import connect as ray_client
 from .client.side import ClientSide
 from .clientevents import append_event
@@ -60,7 +61,7 @@ from .slurm.walltime import Extension, extend_walltime
 from .slurm.watch import Answer, watcher_for
 from .spec import ClusterSpec
 from .startup import wait_until
-from .states import STOP_REQUESTED, State, Status, record_fields, status_of_record
+from .states import State, Status, record_fields, status_of_record
 from .transport import LocalTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -493,7 +494,7 @@ class SlurmRayCluster:
         if not self.job_dir:
             return
         try:
-            await append_event(self.transport, self.job_dir, STOP_REQUESTED, within=10.0)
+            await append_event(self.transport, self.job_dir, Event.STOP_REQUESTED, within=10.0)
         except SlurmRayError as exc:  # the cancel still goes ahead; the owner says CANCELLED
             log.info("%s: stop_requested not written: %s", self.spec.name, exc)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
+from .bootstrap.jsr_wire import Event, Phase
 from .errors import SlurmRayError
 from .job.directory import JobDir
 from .slurm.client import JobInfo, SlurmClient
@@ -18,7 +19,9 @@ from .states import EventSummary, Status, derive_status, last_known_job
 
 FORGOTTEN_AFTER = 3  # answers in a row in which Slurm said it does not know the job
 # Events after which Slurm has news too: the job started, or is ending.
-_NEWS_FOR_SLURM = frozenset({"stopped", "error", "owner_gone", "lease_stale", "walltime_warning"})
+_NEWS_FOR_SLURM = frozenset(
+    {Event.STOPPED, Event.ERROR, Event.OWNER_GONE, Event.LEASE_STALE, Event.WALLTIME_WARNING}
+)
 
 
 class JobFollower:
@@ -62,7 +65,7 @@ class JobFollower:
             return
         self.events.add(events)
         self.news_for_slurm = any(
-            e.get("event") in _NEWS_FOR_SLURM or e.get("phase") == "bootstrap" for e in events
+            e.get("event") in _NEWS_FOR_SLURM or e.get("phase") == Phase.BOOTSTRAP for e in events
         )
 
     def status(

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import SlurmRayError
-from .job.directory import LEASE, JobDir
+from .job.directory import JobDir
 from .lease import Lease, LeaseSeen
 from .owner import ProcessIdentity, this_process
 from .registry import ClusterRecord, Registry
@@ -83,7 +83,7 @@ def newest_claim(lease: LeaseSeen | None, record: ClusterRecord | None) -> Claim
 async def read_lease(job_dir: JobDir) -> LeaseSeen | None:
     """What the cluster's lease says now; None when it cannot be read or names nobody."""
     try:
-        return LeaseSeen.parse(await job_dir.transport.read_file_if_exists(job_dir.file(LEASE)))
+        return LeaseSeen.parse(await job_dir.read_lease())
     except (SlurmRayError, OSError):
         return None
 

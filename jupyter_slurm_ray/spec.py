@@ -7,6 +7,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .bootstrap.jsr_wire import CONTAINER_RUNTIMES, PORT_NAMES, PORT_STRATEGIES, Settings
 from .elastic.groups import checked_groups, group_spec
 from .errors import SpecError
 from .job.checks import (
@@ -62,9 +63,11 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- the spec
 
-# ports the bootstrap pins per node besides the worker port range (bootstrap/portblock.py's
-# PORT_NAMES); Ray's GCS and agents take kernel-assigned ports (bootstrap/rayargs.py)
-NAMED_RAY_PORTS = 6
+# ports the bootstrap pins per node besides the worker port range; Ray's GCS and agents take
+# kernel-assigned ports (bootstrap/rayargs.py)
+NAMED_RAY_PORTS = len(PORT_NAMES)
+# The defaults of the settings the bootstrap reads (bootstrap.json), declared with them.
+_BOOTSTRAP = Settings(cluster_id="")
 
 
 def _setting(default: Any, check: Check, kind: str, help: str) -> Any:
@@ -110,7 +113,7 @@ class ClusterSpec:
         "(the kernel's node when chosen) is Ray's head.",
     )
     here_kernel_tasks: bool = _setting(
-        True,
+        _BOOTSTRAP.here_kernel_tasks,
         flag,
         "flag",
         "With mode 'here': whether the kernel's own node (Ray's head, when it is one of the "
@@ -145,7 +148,9 @@ class ClusterSpec:
         "text",
         "Node features (sbatch --constraint).",
     )
-    nodes: int = _setting(1, integer(1, 100000), "int", "Number of nodes of a cluster.")
+    nodes: int = _setting(
+        _BOOTSTRAP.nodes, integer(1, 100000), "int", "Number of nodes of a cluster."
+    )
     cpus_per_node: int | None = _setting(
         None, optional(integer(1)), "int", "CPUs per node given to Ray."
     )
@@ -173,7 +178,7 @@ class ClusterSpec:
         "(checked before submitting); python3 over SSH.",
     )
     container: str | None = _setting(
-        None,
+        _BOOTSTRAP.container,
         optional(container_image),
         "text",
         "Container image Ray runs in on the nodes (an Apptainer .sif or URI, a Charliecloud "
@@ -181,8 +186,8 @@ class ClusterSpec:
         "the cluster starts. The bootstrap itself stays on the node.",
     )
     container_runtime: str = _setting(
-        "auto",
-        choice("auto", "apptainer", "singularity", "charliecloud"),
+        _BOOTSTRAP.container_runtime,
+        choice("auto", *CONTAINER_RUNTIMES),
         "text",
         "Runtime of `container`: 'auto' (the first of apptainer, singularity, ch-run found on "
         "the node), 'apptainer', 'singularity' or 'charliecloud' (ch-run).",
@@ -204,8 +209,8 @@ class ClusterSpec:
         "root can change).",
     )
     port_strategy: str = _setting(
-        "random",
-        choice("random", "fixed", "hash_jobid"),
+        _BOOTSTRAP.port_strategy,
+        choice(*PORT_STRATEGIES),
         "text",
         "How each node's port block is chosen: 'random' (a free block in port_range), 'fixed' "
         "(from fixed_port_base) or 'hash_jobid' (derived from the Slurm job id, so that it can "
@@ -215,7 +220,7 @@ class ClusterSpec:
         "another (with a new token) when someone else listens on one of its ports.",
     )
     port_range: tuple[int, int] = _setting(
-        (20000, 29999),
+        _BOOTSTRAP.port_range,
         port_pair,
         "ints",
         "Ports of the node blocks: [low, high]. A block holds Ray's node manager, object "
@@ -223,14 +228,16 @@ class ClusterSpec:
         "Ray's GCS and agents take ports the kernel assigns (outside it).",
     )
     fixed_port_base: int | None = _setting(
-        None,
+        _BOOTSTRAP.fixed_port_base,
         optional(integer(1024, 65535)),
         "int",
         "First port of the block when port_strategy is 'fixed'.",
     )
-    worker_ports: int = _setting(64, integer(8, 10000), "int", "Worker ports per node.")
+    worker_ports: int = _setting(
+        _BOOTSTRAP.worker_ports, integer(8, 10000), "int", "Worker ports per node."
+    )
     port_lock_dir: str | None = _setting(
-        None,
+        _BOOTSTRAP.lock_dir,
         optional(absolute_dir),
         "text",
         "Directory on the compute nodes where users coordinate port blocks (a site's shared, "
@@ -238,22 +245,28 @@ class ClusterSpec:
         "provides it so, else a directory of your own.",
     )
     network_interface: str | None = _setting(
-        None,
+        _BOOTSTRAP.network_interface,
         optional(pattern(INTERFACE, "an interface name like eth0 or ib0 (max 15)")),
         "text",
         "Interface whose address Ray uses on each node (e.g. ib0).",
     )
     node_ip_address_command: str | None = _setting(
-        None,
+        _BOOTSTRAP.node_ip_address_command,
         optional(single_line),
         "text",
         "Shell command printing each node's address for Ray.",
     )
     ray_start_args: tuple[str, ...] = _setting(
-        (), ray_start_options, "lines", "More `ray start` long options, one per entry."
+        tuple(_BOOTSTRAP.ray_start_args),
+        ray_start_options,
+        "lines",
+        "More `ray start` long options, one per entry.",
     )
     env: tuple[tuple[str, str], ...] = _setting(
-        (), env_pairs, "mapping", "Extra environment of the job's setup lines and Ray processes."
+        tuple(_BOOTSTRAP.env.items()),
+        env_pairs,
+        "mapping",
+        "Extra environment of the job's setup lines and Ray processes.",
     )
     export_env: tuple[str, ...] = _setting(
         (),
@@ -274,22 +287,28 @@ class ClusterSpec:
         "cluster's). Their nodes have the Ray resource group:<name>.",
     )
     object_store_memory: int | None = _setting(
-        None,
+        _BOOTSTRAP.object_store_memory,
         optional(object_store_bytes),
         "text_or_int",
         "Object store size per node: bytes or a size like 2G.",
     )
     idle_timeout: float = _setting(
-        300.0,
+        _BOOTSTRAP.idle_timeout,
         seconds(5, 604800),
         "float",
         "Seconds without the owning kernel before the cluster stops itself.",
     )
     start_timeout: float = _setting(
-        300.0, seconds(10, 86400), "float", "Seconds Ray may take to start once the job runs."
+        _BOOTSTRAP.start_timeout,
+        seconds(10, 86400),
+        "float",
+        "Seconds Ray may take to start once the job runs.",
     )
     walltime_warning: int = _setting(
-        120, integer(60, 3600), "int", "Seconds before the walltime at which the cluster is warned."
+        _BOOTSTRAP.walltime_warning,
+        integer(60, 3600),
+        "int",
+        "Seconds before the walltime at which the cluster is warned.",
     )
     worker_rotation: int = _setting(
         0,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
+from .bootstrap.jsr_wire import WORKER_JOB_FIELD, Event, Role
 from .slurm.output import JobInfo
 
 
@@ -204,11 +205,6 @@ def record_fields(status: Status) -> dict[str, Any]:
     }
 
 
-# Appended by whoever stops the cluster, before its scancel: the owner, seeing Slurm's
-# CANCELLED, then knows it was a stop on request (STOPPED), not an outside scancel.
-STOP_REQUESTED = "stop_requested"
-
-
 @dataclass
 class EventSummary:
     """What the bootstrap's events.jsonl says so far."""
@@ -230,34 +226,36 @@ class EventSummary:
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for ev in events:
             self.events.append(ev)
-            if ev.get("worker_job"):  # an extra worker job's own: not the cluster's state
+            if ev.get(WORKER_JOB_FIELD):  # an extra worker job's own: not the cluster's state
                 continue
             kind = ev.get("event")
-            if kind == "phase":
+            if kind == Event.PHASE:
                 self.phase = ev.get("phase", self.phase)
                 self.joined = int(ev.get("joined", self.joined) or 0)
-            elif kind == "nodes":
+            elif kind == Event.NODES:
                 self.joined = int(ev.get("joined", self.joined) or 0)
-            elif kind == "head_ready":
+            elif kind == Event.HEAD_READY:
                 self.head_ready = True
                 self.joined = int(ev.get("joined", self.joined) or 0)
-            elif kind == "ready":
+            elif kind == Event.READY:
                 self.ready = True
                 self.joined = int(ev.get("joined", ev.get("node_count", self.joined)) or 0)
-            elif kind == "error" and self.error is None:
+            elif kind == Event.ERROR and self.error is None:
                 self.error = str(ev.get("reason") or "the Ray bootstrap failed")
                 self.error_log = _log_text(ev.get("log"))
-            elif kind == "walltime_warning":
+            elif kind == Event.WALLTIME_WARNING:
                 self.walltime_warning = True
-            elif kind == "lease_stale":
+            elif kind == Event.LEASE_STALE:
                 self.lease_stale = True
-            elif kind == "owner_gone":
+            elif kind == Event.OWNER_GONE:
                 self.owner_gone = str(ev.get("reason") or "the owner was gone when the job started")
-            elif kind == "node_lost":
+            elif kind == Event.NODE_LOST:
                 self._add_lost(ev)
-            elif kind == "stopped":
+            elif kind == Event.STOPPED:
                 self.stopped = True
-            elif kind == STOP_REQUESTED and ev.get("role") == "client":
+            elif kind == Event.STOP_REQUESTED and ev.get("role") == Role.CLIENT:
+                # written by whoever stops the cluster, before its scancel: Slurm's
+                # CANCELLED is then a stop on request (STOPPED), not an outside scancel
                 self.stop_requested = f"by pid {ev.get('pid')} on {ev.get('host')}"
 
     def _add_lost(self, event: dict[str, Any]) -> None:

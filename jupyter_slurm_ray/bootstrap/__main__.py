@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from jsr_wire import Run
+
 HELP = """\
 Start, watch and stop a Ray cluster inside a Slurm allocation.
 
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "role",
-        choices=["head", "worker", "workerjob", "driver"],
+        choices=[Run.HEAD, Run.WORKER, Run.WORKER_JOB, Run.DRIVER],
         help="head: the batch step; worker: srun tasks; workerjob: a worker job's batch step; "
         "driver: a notebook kernel's host",
     )
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     job_dir = args.job_dir.resolve()
     sys.dont_write_bytecode = True  # no __pycache__ in the job dir (every node imports these)
-    if args.role == "driver":
+    if args.role == Run.DRIVER:
         from driverrun import DriverRun
 
         return DriverRun(job_dir, args.owner_pid, args.ray).run()
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from workerjob import WorkerJobRun
     from workerrun import WorkerRun
 
-    runs = {"head": HeadRun, "worker": WorkerRun, "workerjob": WorkerJobRun}
+    runs = {Run.HEAD: HeadRun, Run.WORKER: WorkerRun, Run.WORKER_JOB: WorkerJobRun}
     return runs[args.role](job_dir).run()
 
 

@@ -1,7 +1,8 @@
 """Ray inside a container: the bootstrap stays on the node (it needs srun, scontrol and the port
 lock), and only Ray's commands (`ray start`, the version probe, `ray drain-node`) run through
 the container runtime. A runtime is one class that turns (image, binds, gpus?, argv) into the
-argv to exec; adding a runtime is adding a class to RUNTIMES.
+argv to exec; adding a runtime is adding a class to RUNTIMES and its name to
+``jsr_wire.CONTAINER_RUNTIMES`` (the container_runtime setting's values).
 
 Both runtimes here share the node's network namespace and PID view, so Ray's addresses, ports
 and the process-group cleanup (procgroups.py) work as without a container; the runtime execs
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from jsr_base import LOG_LINES, BootstrapError, Config, short_hostname
+from jsr_wire import CONTAINER_RUNTIMES
 
 GRES_CONF = "gres.conf"
 # The version probe inside the image: the Python next to its `ray` (the one Ray's processes run)
@@ -34,9 +36,8 @@ _PROBE = (
 
 
 class Runtime:
-    """A container runtime: its name (the container_runtime setting) and its command."""
+    """A container runtime: its command, and how it runs a command in an image."""
 
-    name: ClassVar[str]
     command: ClassVar[str]
 
     def __init__(self, executable: str) -> None:
@@ -53,7 +54,6 @@ class Apptainer(Runtime):
     other environment (CUDA_VISIBLE_DEVICES included); --nv brings NVIDIA's devices and
     libraries."""
 
-    name = "apptainer"
     command = "apptainer"
 
     def argv(
@@ -68,7 +68,6 @@ class Apptainer(Runtime):
 class Singularity(Apptainer):
     """SingularityCE: the same command line as Apptainer's."""
 
-    name = "singularity"
     command = "singularity"
 
 
@@ -78,7 +77,6 @@ class Charliecloud(Runtime):
     --set-env adds the image's /ch/environment (its PATH to Ray). It binds only onto
     directories the image has: a path under $HOME=/home/$USER comes with --home."""
 
-    name = "charliecloud"
     command = "ch-run"
 
     def argv(
@@ -96,10 +94,10 @@ class Charliecloud(Runtime):
         return [self.executable, *flags, image, "--", *command]
 
 
-RUNTIMES: dict[str, type[Runtime]] = {
-    runtime.name: runtime for runtime in (Apptainer, Singularity, Charliecloud)
-}
-AUTO_ORDER = ("apptainer", "singularity", "charliecloud")
+# container_runtime's values, in the order 'auto' tries them
+RUNTIMES: dict[str, type[Runtime]] = dict(
+    zip(CONTAINER_RUNTIMES, (Apptainer, Singularity, Charliecloud), strict=True)
+)
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -108,7 +106,7 @@ def _inside(path: str, parent: str) -> bool:
 
 def find_runtime(name: str) -> Runtime:
     """The runtime named by container_runtime ("auto": the first one installed on this node)."""
-    names = AUTO_ORDER if name == "auto" else (name,)
+    names = CONTAINER_RUNTIMES if name == "auto" else (name,)
     if any(item not in RUNTIMES for item in names):
         allowed = ", ".join(["auto", *RUNTIMES])
         raise BootstrapError(f"container_runtime must be one of {allowed}, not {name!r}")

@@ -7,7 +7,7 @@ import socket
 from typing import Any
 
 from dashhttp import DashboardHTTPError, dashboard_url, get_json
-from jsr_base import NODE_RESOURCE
+from jsr_wire import NODE_RESOURCE
 
 HTTP_TIMEOUT = 1.0  # short: a stop signal must be handled well within Slurm's KillWait
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from jsr_base import BootstrapError, command_path, gcs_address
 from jsr_events import EventLog
+from jsr_wire import EVENTS_FILE, HEAD_FILE, DriverLine, Event, Role
 from listeners import OwnListeners
 from portblock import port_name
 from procgroups import RayProcess
@@ -48,11 +49,11 @@ VERIFIED = ("node_manager", "object_manager")  # what the kernel's Ray talks to 
 
 # the worker's events under the driver's own names
 RENAMED = {
-    "worker_starting": "driver_starting",
-    "worker_joined": "driver_joined",
-    "worker_retry": "driver_retry",
-    "worker_stopped": "driver_stopped",
-    "error": "driver_failed",
+    Event.WORKER_STARTING: Event.DRIVER_STARTING,
+    Event.WORKER_JOINED: Event.DRIVER_JOINED,
+    Event.WORKER_RETRY: Event.DRIVER_RETRY,
+    Event.WORKER_STOPPED: Event.DRIVER_STOPPED,
+    Event.ERROR: Event.DRIVER_FAILED,
 }
 
 
@@ -61,25 +62,25 @@ class DriverEvents(EventLog):
 
     def emit(self, event: str, **extra: Any) -> None:
         super().emit(RENAMED.get(event, event), **extra)
-        if event == "error":
-            tell_kernel("failed", reason=extra.get("reason"), log=extra.get("log") or [])
+        if event == Event.ERROR:
+            tell_kernel(DriverLine.FAILED, reason=extra.get("reason"), log=extra.get("log") or [])
 
 
 def tell_kernel(state: str, **fields: Any) -> None:
     """One JSON line on stdout, which the kernel reads (gone: nobody to tell)."""
     with contextlib.suppress(OSError):
-        print(json.dumps({"driver": state, **fields}), flush=True)
+        print(json.dumps({DriverLine.KEY: state, **fields}), flush=True)
 
 
 class DriverRun(WorkerRun):
     """The kernel host's node: joins like a worker, runs nothing, tells the kernel when ready."""
 
-    role = "driver"
+    role = Role.DRIVER
     join_period = 0.05  # the kernel waits for this node: ask often (local files only)
 
     def __init__(self, job_dir: Path, owner_pid: int | None, ray: str | None) -> None:
         super().__init__(job_dir)
-        self.events = DriverEvents(job_dir / "events.jsonl", self.role)
+        self.events = DriverEvents(job_dir / EVENTS_FILE, self.role)
         self.owner_pid = owner_pid
         self.ray_command = ray
         self.own: OwnListeners | None = None
@@ -114,10 +115,6 @@ class DriverRun(WorkerRun):
             return self.ray_command
         return command_path("ray", "the kernel's environment must have ray[default] installed")
 
-    def start_ray(self, argv: list[str], log_name: str) -> RayProcess:
-        """As a worker's, logged to ``ray-driver-<host>.log`` (a worker may share the host)."""
-        return super().start_ray(argv, log_name.replace("ray-worker-", "ray-driver-", 1))
-
     def in_container(self, argv: list[str]) -> list[str]:
         return argv  # the kernel's host runs the kernel's Ray, whatever the nodes run
 
@@ -127,7 +124,7 @@ class DriverRun(WorkerRun):
         assert self.config is not None
 
         def lock_unavailable(reason: str) -> None:
-            self.events.emit("port_lock_unavailable", reason=reason)
+            self.events.emit(Event.PORT_LOCK_UNAVAILABLE, reason=reason)
 
         plan = plan_node(
             self.config,
@@ -166,7 +163,7 @@ class DriverRun(WorkerRun):
         if not all(self.own.verify(name, ports[name]) for name in VERIFIED):
             return False
         tell_kernel(
-            "ready",
+            DriverLine.READY,
             ip=self.plan.ip,
             host=self.plan.host,
             temp_dir=str(self.plan.temp_dir),
@@ -181,7 +178,7 @@ class DriverRun(WorkerRun):
         """Once joined: the head is gone when head.json stayed missing HEAD_GONE_AFTER s."""
         if process is None or self.left:
             return self.left
-        if (self.job_dir / "head.json").exists():
+        if (self.job_dir / HEAD_FILE).exists():
             self.head_missing_since = None
             return None
         now = time.monotonic()
@@ -192,4 +189,4 @@ class DriverRun(WorkerRun):
 
     def finish(self, reason: str, code: int) -> None:
         super().finish(reason, code)
-        tell_kernel("stopped", reason=reason, exit_code=code)
+        tell_kernel(DriverLine.STOPPED, reason=reason, exit_code=code)

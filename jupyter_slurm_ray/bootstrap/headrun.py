@@ -29,6 +29,18 @@ from jsr_base import (
     write_json_atomic,
 )
 from jsr_events import EventTail, LeaseWatch, owner_gone
+from jsr_wire import (
+    CONNECTION_FILE,
+    EVENTS_FILE,
+    HEAD_FILE,
+    LOCAL_MODE_VARIABLE,
+    TOKEN_FILE,
+    WORKER_JOB_FIELD,
+    Event,
+    Phase,
+    Role,
+    ray_log,
+)
 from listeners import OwnListeners
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
@@ -46,12 +58,12 @@ Versions = tuple[str | None, str | None, float | None]
 class HeadRun(NodeRun):
     """The batch step: head node, worker step, readiness, connection.json, supervision."""
 
-    role = "head"
+    role = Role.HEAD
 
     def __init__(self, job_dir: Path) -> None:
         super().__init__(job_dir)
         self.worker_step = WorkerStep(self.logs)
-        self.tail = EventTail(job_dir / "events.jsonl")
+        self.tail = EventTail(job_dir / EVENTS_FILE)
         self.nodes = NodeWatch(0, self.events.emit, self.worker_step.log_lines)
         self.lease = LeaseWatch(job_dir, 0.0)
         self.worker_step_reported = False
@@ -64,12 +76,12 @@ class HeadRun(NodeRun):
         self.allocation_end: AllocationEnd | None = None  # mode 'here': the walltime warning
 
     def main(self) -> str:
-        self.events.phase("bootstrap", job_id=job_id(), pid=os.getpid(), python=sys.executable)
+        self.events.phase(Phase.BOOTSTRAP, job_id=job_id(), pid=os.getpid(), python=sys.executable)
         config = self.load_config()
         idle_timeout = float(config.idle_timeout)
         gone = owner_gone(self.job_dir, idle_timeout, lambda: self.flags.stop is not None)
         if gone:
-            self.events.emit("owner_gone", **gone)
+            self.events.emit(Event.OWNER_GONE, **gone)
             return "owner_gone"
         self.forget_head()
         if self.flags.stop:
@@ -84,11 +96,11 @@ class HeadRun(NodeRun):
             self.allocation_end = AllocationEnd(allocation, float(config.walltime_warning))
         if self.wanted > 1:  # first: the workers unpack a pack (if any) while this node does
             self.logs.mkdir(mode=0o700, exist_ok=True)
-            self.events.phase("workers_starting", workers=self.wanted - 1)
+            self.events.phase(Phase.WORKERS_STARTING, workers=self.wanted - 1)
             self.worker_step.start(srun, self.job_dir, self.wanted - 1, self.here_workers())
         ray = self.find_ray()
         # local mode (slurm/localjobs.py: one node, no Slurm) has no controller to route toward
-        toward = None if os.environ.get("JSR_LOCAL_MODE") == "1" else slurmctld_address()
+        toward = None if os.environ.get(LOCAL_MODE_VARIABLE) == "1" else slurmctld_address()
         self.start_head(ray, toward)
         versions = self.probe_versions(ray)
         while True:
@@ -124,14 +136,14 @@ class HeadRun(NodeRun):
         # to a port that was not verified: it is kept.
         renew = not self.clients_told
         if renew:
-            renew_token(self.job_dir / "ray_token")
+            renew_token(self.job_dir / TOKEN_FILE)
         self.give_up_ports(conflict, new_token=renew)
         self.start_head(ray, toward)
 
     def forget_head(self) -> None:
         """No head.json nor connection.json: nothing names a head that is not verified."""
         self.head_json = {}
-        for stale in ("connection.json", "head.json"):
+        for stale in (CONNECTION_FILE, HEAD_FILE):
             with contextlib.suppress(OSError):
                 (self.job_dir / stale).unlink()
 
@@ -141,15 +153,15 @@ class HeadRun(NodeRun):
         plan = self.plan_node(toward)
         if self.config.here_hosts and not self.config.here_kernel_tasks:
             plan.cpus = plan.gpus = 0  # the kernel's node: Ray's head, no tasks
-        self.events.phase("ports", ports=plan.block.ports)
+        self.events.phase(Phase.PORTS, ports=plan.block.ports)
         self.nodes.hosts[plan.ip] = plan.host
         names = {port: port_name(port - plan.block.start) for port in plan.block.ports_range}
         self.own = OwnListeners(self.session_pids, plan.block.ports_range, names)
         self.dashboard = Dashboard(plan.ip, plan.block.ports["dashboard"], self.token())
         self.gcs = None
         self.clients_told = False
-        self.events.phase("head_starting", head_ip=plan.ip, temp_dir=str(plan.temp_dir))
-        self.start_ray(plan.head_argv(ray, self.config), f"ray-head-{plan.host}.log")
+        self.events.phase(Phase.HEAD_STARTING, head_ip=plan.ip, temp_dir=str(plan.temp_dir))
+        self.start_ray(plan.head_argv(ray, self.config), ray_log(self.role, plan.host))
 
     def probe_versions(self, ray: str) -> Versions:
         """Ray's and Python's versions, and the cost of `import ray` that each of Ray's Python
@@ -160,7 +172,7 @@ class HeadRun(NodeRun):
             versions = container_versions(self.in_container([]), env)
         else:
             versions = ray_versions(ray, env)
-        self.events.emit("import_ray", seconds=versions[2], ray_version=versions[0])
+        self.events.emit(Event.IMPORT_RAY, seconds=versions[2], ray_version=versions[0])
         return versions
 
     @property
@@ -179,7 +191,7 @@ class HeadRun(NodeRun):
             head["dashboard_port"] = verified["dashboard"]
         head["verified"] = sorted(verified)
         if head != self.head_json:
-            write_json_atomic(self.job_dir / "head.json", head)
+            write_json_atomic(self.job_dir / HEAD_FILE, head)
             self.head_json = head
 
     # ----- whose listeners answer on the head's ports
@@ -217,11 +229,11 @@ class HeadRun(NodeRun):
             self.flags.walltime_warnings += 1
         while self.flags.walltime_warnings:
             self.flags.walltime_warnings -= 1
-            self.events.emit("walltime_warning", job_id=job_id())
+            self.events.emit(Event.WALLTIME_WARNING, job_id=job_id())
         if self.flags.stop:
             return f"signal {self.flags.stop}"
         if self.lease.stale():
-            self.events.emit("lease_stale", idle_timeout=self.lease.idle_timeout)
+            self.events.emit(Event.LEASE_STALE, idle_timeout=self.lease.idle_timeout)
             return "lease_stale"
         return None
 
@@ -234,24 +246,24 @@ class HeadRun(NodeRun):
 
     def read_worker_events(self, ready: bool) -> None:
         for event in self.tail.read():
-            if event.get("role") != "worker":
+            if event.get("role") != Role.WORKER:
                 continue
             if event.get("ip") and event.get("host"):
                 self.nodes.hosts[str(event["ip"])] = str(event["host"])
-            if event.get("worker_job"):  # an extra worker job: its own business, not a failure
+            if event.get(WORKER_JOB_FIELD):  # an extra worker job: its own business, not a failure
                 self.note_worker_job(event)
                 continue
-            if event.get("event") == "error" and not ready:
+            if event.get("event") == Event.ERROR and not ready:
                 reason = f"the worker on {event.get('host')} failed: {event.get('reason')}"
                 raise BootstrapError(reason, list(event.get("log") or []))
 
     def note_worker_job(self, event: dict[str, object]) -> None:
         """Worker jobs seen (cancelled when the head ends); nodes leaving on purpose."""
-        self.worker_jobs.add(str(event["worker_job"]))
+        self.worker_jobs.add(str(event[WORKER_JOB_FIELD]))
         host = event.get("host")
-        if event.get("event") == "worker_leaving" and isinstance(host, str):
+        if event.get("event") == Event.WORKER_LEAVING and isinstance(host, str):
             self.nodes.leaving.add(host)
-        elif event.get("event") == "worker_joined" and isinstance(host, str):
+        elif event.get("event") == Event.WORKER_JOINED and isinstance(host, str):
             self.nodes.leaving.discard(host)
 
     def cancel_worker_jobs(self) -> None:
@@ -287,15 +299,19 @@ class HeadRun(NodeRun):
             if alive is not None:
                 if not head_up:
                     head_up = True
-                    self.events.phase("head_up", dashboard_port=self.plan.block.ports["dashboard"])
-                    self.events.phase("waiting_for_nodes", joined=len(alive), wanted=self.wanted)
+                    self.events.phase(
+                        Phase.HEAD_UP, dashboard_port=self.plan.block.ports["dashboard"]
+                    )
+                    self.events.phase(
+                        Phase.WAITING_FOR_NODES, joined=len(alive), wanted=self.wanted
+                    )
                 self.nodes.note(alive)
                 client_ours = self.own.verify("client", self.plan.block.ports["client"])
                 if client_ours and not head_ready:
                     head_ready = self.clients_told = True
                     self.write_connection(versions)
                     self.plan.block.publish()  # Ray bound its ports: the claim may be seen
-                    self.events.emit("head_ready", joined=len(alive), wanted=self.wanted)
+                    self.events.emit(Event.HEAD_READY, joined=len(alive), wanted=self.wanted)
                 if len(alive) >= self.wanted and client_ours:
                     return None
             time.sleep(API_PERIOD)
@@ -354,14 +370,14 @@ class HeadRun(NodeRun):
             "temp_dir": str(self.plan.temp_dir),
             "ready_at": time.time(),
         }
-        write_json_atomic(self.job_dir / "connection.json", connection)
+        write_json_atomic(self.job_dir / CONNECTION_FILE, connection)
 
     def announce_ready(self) -> None:
         assert self.plan is not None
         joined, elapsed = len(self.nodes.joined), round(time.monotonic() - self.started, 2)
         gcs = f"{self.plan.ip}:{self.gcs}"
-        self.events.phase("ready", joined=joined, wanted=self.wanted)
-        self.events.emit("ready", gcs_address=gcs, node_count=joined, elapsed=elapsed)
+        self.events.phase(Phase.READY, joined=joined, wanted=self.wanted)
+        self.events.emit(Event.READY, gcs_address=gcs, node_count=joined, elapsed=elapsed)
 
     # ----- supervision
 
@@ -407,17 +423,17 @@ class HeadRun(NodeRun):
             self.nodes.report_lost(sorted(workers), reason)
 
     def finish(self, reason: str, code: int) -> None:
-        self.events.phase("stopping", reason=reason)
+        self.events.phase(Phase.STOPPING, reason=reason)
         step_deadline = time.monotonic() + KILL_GRACE + 1.0
         self.worker_step.ask_to_stop()
         self.stop()
         self.worker_step.stop(step_deadline)
         with contextlib.suppress(OSError):
-            (self.job_dir / "head.json").unlink()
+            (self.job_dir / HEAD_FILE).unlink()
         self.read_worker_events(ready=True)
         self.cancel_worker_jobs()
-        self.events.phase("stopped", reason=reason)
-        self.events.emit("stopped", reason=reason, exit_code=code, killed=len(self.killed))
+        self.events.phase(Phase.STOPPED, reason=reason)
+        self.events.emit(Event.STOPPED, reason=reason, exit_code=code, killed=len(self.killed))
 
 
 def stopped_for_clients(taken: PortConflict) -> BootstrapError:

@@ -9,11 +9,12 @@ import secrets
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-NODE_RESOURCE = "slurm_ray_node"
+from jsr_wire import JOB_ID_VARIABLE, PORT_STRATEGIES, Settings
+
 LOG_LINES = 40
 
 
@@ -72,34 +73,8 @@ class HeadMoved(Exception):
         self.head = head
 
 
-@dataclass
-class Config:
-    """bootstrap.json, written by the client (``jobdir.bootstrap_settings``): every key is
-    always written; the defaults, the same as ClusterSpec's (a test pins them), only serve
-    hand-written files."""
-
-    cluster_id: str
-    nodes: int = 1
-    port_strategy: str = "random"
-    port_range: tuple[int, int] = (20000, 29999)
-    fixed_port_base: int | None = None
-    worker_ports: int = 64
-    network_interface: str | None = None
-    node_ip_address_command: str | None = None
-    ray_start_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    object_store_memory: int | None = None
-    idle_timeout: float = 300.0
-    start_timeout: float = 300.0
-    lock_dir: str | None = None  # ClusterSpec.port_lock_dir
-    container: str | None = None  # image Ray runs in (container.py)
-    container_runtime: str = "auto"
-    # mode 'here' (steps of the kernel's own allocation): its nodes, the head first (the
-    # worker step runs on the others); empty: a job of its own (every other node of the job)
-    here_hosts: list[str] = field(default_factory=list)
-    cpus_per_node: int | None = None  # mode 'here': each step's CPUs
-    here_kernel_tasks: bool = True  # mode 'here': whether the head (the kernel's node) runs tasks
-    walltime_warning: int = 120  # s before the allocation's end (mode 'here': asked of Slurm)
+class Config(Settings):
+    """``bootstrap.json`` as this program reads it (its fields: ``jsr_wire.Settings``)."""
 
     @classmethod
     def load(cls, path: Path) -> Config:
@@ -112,10 +87,9 @@ class Config:
             if raw.get(item.name) is not None:
                 setattr(config, item.name, raw[item.name])
         config.port_range = (int(config.port_range[0]), int(config.port_range[1]))
-        if config.port_strategy not in ("random", "fixed", "hash_jobid"):
-            raise BootstrapError(
-                f"port_strategy must be random, fixed or hash_jobid, not {config.port_strategy!r}"
-            )
+        if config.port_strategy not in PORT_STRATEGIES:
+            allowed = ", ".join(PORT_STRATEGIES[:-1]) + f" or {PORT_STRATEGIES[-1]}"
+            raise BootstrapError(f"port_strategy must be {allowed}, not {config.port_strategy!r}")
         if config.port_strategy == "fixed" and config.fixed_port_base is None:
             raise BootstrapError("port_strategy fixed needs fixed_port_base")
         return config
@@ -141,7 +115,7 @@ def short_hostname() -> str:
 def job_id() -> str:
     """The cluster's job: its Slurm job, or in the kernel's own allocation (mode 'here') the
     id of its steps, JSR_JOB_ID (another cluster may run in the same allocation)."""
-    return os.environ.get("JSR_JOB_ID") or os.environ.get("SLURM_JOB_ID", f"pid{os.getpid()}")
+    return os.environ.get(JOB_ID_VARIABLE) or os.environ.get("SLURM_JOB_ID", f"pid{os.getpid()}")
 
 
 def tail(path: Path, lines: int = LOG_LINES) -> list[str]:

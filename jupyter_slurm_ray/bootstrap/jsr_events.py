@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jsr_base import short_hostname
+from jsr_wire import DETACHED_FILE, LEASE_FILE, Event
 
 LEASE_PERIOD = 1.0
 MAX_LEASE = 64 * 1024  # bytes of the lease file read
@@ -50,7 +51,7 @@ class EventLog:
         print(f"[bootstrap {self.role}@{self.host}] {event} {summary}", file=sys.stderr, flush=True)
 
     def phase(self, phase: str, **extra: Any) -> None:
-        self.emit("phase", phase=phase, **extra)
+        self.emit(Event.PHASE, phase=phase, **extra)
 
 
 class EventTail:
@@ -80,8 +81,8 @@ class LeaseWatch:
     """Stale when the lease file's content did not change for idle_timeout (own clock)."""
 
     def __init__(self, job_dir: Path, idle_timeout: float) -> None:
-        self.path = job_dir / "lease"
-        self.detached = job_dir / "detached"
+        self.path = job_dir / LEASE_FILE
+        self.detached = job_dir / DETACHED_FILE
         self.idle_timeout = idle_timeout
         self.content = self.read()
         self.changed_at = time.monotonic()
@@ -177,9 +178,9 @@ def owner_gone(
     min(idle_timeout, 2 * renew_every + 3) s for its content to change (this node's clock).
     Returns None at once when detached, without a timeout, or when `stopped()`.
     """
-    if idle_timeout <= 0 or (job_dir / "detached").exists():
+    if idle_timeout <= 0 or (job_dir / DETACHED_FILE).exists():
         return None
-    path = job_dir / "lease"
+    path = job_dir / LEASE_FILE
     lease = Lease.read(path)
     age = time.time() - lease.t if lease.t is not None else None
     if age is not None and age <= idle_timeout:
@@ -192,7 +193,7 @@ def owner_gone(
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and not stopped():
         time.sleep(0.25)
-        if Lease.read(path).content != lease.content or (job_dir / "detached").exists():
+        if Lease.read(path).content != lease.content or (job_dir / DETACHED_FILE).exists():
             return None
     if stopped():
         return None

@@ -12,6 +12,7 @@ from pathlib import Path
 from container import ray_command_prefix
 from jsr_base import BootstrapError, Config, PortConflict
 from jsr_events import EventLog
+from jsr_wire import EVENTS_FILE, LOGS_DIR, SETTINGS_FILE, TOKEN_FILE, Event
 from portconflict import ConflictScan
 from procgroups import RayProcess, session_processes, stop_processes
 from rayargs import NodePlan, plan_node, ray_environment, require_command
@@ -54,9 +55,9 @@ class NodeRun:
     def __init__(self, job_dir: Path) -> None:
         self.job_dir = job_dir
         self.started = time.monotonic()
-        self.events = EventLog(job_dir / "events.jsonl", self.role)
+        self.events = EventLog(job_dir / EVENTS_FILE, self.role)
         self.flags = SignalFlags().install()
-        self.logs = job_dir / "logs"
+        self.logs = job_dir / LOGS_DIR
         self.plan: NodePlan | None = None
         self.ray: RayProcess | None = None
         self.config: Config | None = None
@@ -74,7 +75,7 @@ class NodeRun:
     def load_config(self) -> Config:
         """The settings, once the job dir proved that only this user (or root) can change it."""
         check_job_dir(self.job_dir)
-        self.config = Config.load(self.job_dir / "bootstrap.json")
+        self.config = Config.load(self.job_dir / SETTINGS_FILE)
         return self.config
 
     def find_ray(self) -> str:
@@ -95,14 +96,14 @@ class NodeRun:
         assert self.config is not None
 
         def lock_unavailable(reason: str) -> None:
-            self.events.emit("port_lock_unavailable", reason=reason)
+            self.events.emit(Event.PORT_LOCK_UNAVAILABLE, reason=reason)
 
         self.plan = plan_node(self.config, toward, lock_unavailable, tuple(self.given_up))
         return self.plan
 
     def token(self) -> str:
         try:
-            return (self.job_dir / "ray_token").read_text().strip()
+            return (self.job_dir / TOKEN_FILE).read_text().strip()
         except OSError as exc:
             raise BootstrapError(f"cannot read the cluster token: {exc}") from exc
 
@@ -151,7 +152,7 @@ class NodeRun:
             reason = f"{conflict.reason} ({PORT_ATTEMPTS} port blocks tried)"
             raise BootstrapError(reason, conflict.log)
         self.events.emit(
-            "ports_retry",
+            Event.PORTS_RETRY,
             ports=conflict.ports,
             port_names=conflict.names,
             reason=conflict.reason,
@@ -183,11 +184,11 @@ class NodeRun:
             reason = self.main()
             code = self.exit_code
         except BootstrapError as exc:
-            self.events.emit("error", reason=exc.reason, log=exc.log)
+            self.events.emit(Event.ERROR, reason=exc.reason, log=exc.log)
             reason, code = "error", 1
         except Exception as exc:
             lines = traceback.format_exc().splitlines()
-            self.events.emit("error", reason=f"the bootstrap crashed: {exc!r}", log=lines)
+            self.events.emit(Event.ERROR, reason=f"the bootstrap crashed: {exc!r}", log=lines)
             reason, code = "error", 1
         finally:
             self.finish(reason, code)

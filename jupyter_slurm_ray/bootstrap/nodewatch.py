@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jsr_wire import Event
+
 Emit = Callable[..., None]  # EventLog.emit(event, **fields)
 
 
@@ -37,7 +39,7 @@ class NodeWatch:
             came = set(alive) - set(self.joined)
             self.joined = sorted(alive)
             self.lost -= set(self.names(sorted(came)))  # back again: a later loss counts
-            self.emit("nodes", **self.counts())
+            self.emit(Event.NODES, **self.counts())
 
     def counts(self) -> dict[str, Any]:
         return {"joined": len(self.joined), "wanted": self.wanted, "hosts": self.names(self.joined)}
@@ -55,7 +57,7 @@ class NodeWatch:
         self.lost.update(hosts)
         left = len([ip for ip in self.joined if self.host(ip) not in self.lost])
         joined = {"joined": left, "wanted": self.wanted}  # the state API may not know yet
-        self.emit("node_lost", reason=reason, hosts=hosts, log=self.logs(hosts), **joined)
+        self.emit(Event.NODE_LOST, reason=reason, hosts=hosts, log=self.logs(hosts), **joined)
 
     def missing(self) -> list[str]:
         """Hosts known (from their events) that have not joined."""

@@ -4,7 +4,7 @@ Three ways to choose a block (``port_strategy``): ``random`` (a random free bloc
 port_range), ``fixed`` (fixed_port_base) and ``hash_jobid`` (the block derived from the job id,
 see ``derived_starts``: a site or a user can predict it; the next derived block when it is
 taken). Only ports that others must reach or that Ray would otherwise take at a fixed
-default are in a block (``PORT_NAMES``); Ray's GCS and agents take kernel-assigned ports
+default are in a block (``jsr_wire.PORT_NAMES``); Ray's GCS and agents take kernel-assigned ports
 (``rayargs.KERNEL_ASSIGNED``), which no one can take before Ray binds them.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jsr_base import BootstrapError, short_hostname
+from jsr_wire import PORT_NAMES
 from portlock import (
     LOCK_WAIT,
     MAX_BLOCK,
@@ -30,16 +31,6 @@ from portlock import (
     port_lock,
     write_claim,
 )
-
-PORT_NAMES = (
-    "node_manager",
-    "object_manager",
-    "client",
-    "dashboard",
-    "autoscaler_metrics",
-    "dashboard_metrics",
-)
-STRATEGIES = ("random", "fixed", "hash_jobid")
 
 
 @dataclass

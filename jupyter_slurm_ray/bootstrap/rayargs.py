@@ -14,9 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dashhttp import grpc_exemptions
-from jsr_base import NODE_RESOURCE, Config, command_path, job_id, run_text, short_hostname
+from jsr_base import Config, command_path, job_id, run_text, short_hostname
+from jsr_wire import (
+    GROUP_VARIABLE,
+    NODE_RESOURCE,
+    PORT_NAMES,
+    PROGRAM_DIR,
+    SITE_PATH,
+    TOKEN_FILE,
+    group_resource,
+)
 from nodeaddr import node_address
-from portblock import PORT_NAMES, PortBlock, claim_port_block
+from portblock import PortBlock, claim_port_block
 from portlock import Notify
 from trust import user_temp_dir
 
@@ -157,9 +166,9 @@ def node_resources() -> dict[str, int]:
     """The custom Ray resources of this node: ours, and its worker group's (a worker job's
     script sets JSR_WORKER_GROUP): ``group:<name>``, for tasks sent to a group."""
     resources = {NODE_RESOURCE: 1}
-    group = os.environ.get("JSR_WORKER_GROUP", "")
+    group = os.environ.get(GROUP_VARIABLE, "")
     if group:
-        resources[f"group:{group}"] = 1
+        resources[group_resource(group)] = 1
     return resources
 
 
@@ -214,7 +223,7 @@ def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dic
     env = dict(os.environ)
     env.update(
         RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN_PATH=str(job_dir / "ray_token"),
+        RAY_AUTH_TOKEN_PATH=str(job_dir / TOKEN_FILE),
         RAY_USAGE_STATS_ENABLED="0",
         AUTOSCALER_METRIC_PORT=str(ports["autoscaler_metrics"]),
         DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]),
@@ -222,7 +231,7 @@ def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dic
     )
     env.update({str(k): str(v) for k, v in config.env.items()})
     env.update(grpc_exemptions(env))  # Ray's metrics exporter: no proxy for its token
-    site = str(job_dir / "bootstrap" / "sitepath")
+    site = str(job_dir / PROGRAM_DIR / SITE_PATH)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
     return env
 

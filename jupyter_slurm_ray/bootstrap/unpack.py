@@ -31,11 +31,9 @@ from pathlib import Path
 
 from acls import acl_problem
 from jsr_base import BootstrapError, command_path, short_hostname
+from jsr_wire import PACK_FILE, PACK_SHA256_VARIABLE, PACK_VARIABLE, Event
 from trust import open_regular, path_problem, user_temp_dir
 
-PACK_VARIABLE = "JSR_ENV_PACK"
-PACK_SHA256_VARIABLE = "JSR_ENV_PACK_SHA256"
-PACK_FILE = "env-pack"  # in the job dir: the archive and its hash, for the worker jobs
 MARKER = ".jsr-unpacked"
 LOCK_WAIT = 900.0  # s to wait for another job unpacking the same pack on this node
 UNPACK_TIMEOUT = 1800.0
@@ -84,14 +82,14 @@ def activate_pack(
     try:
         prefix, reused = unpacked(Path(archive), sha256)
     except PackReplaced as exc:
-        emit("env_pack_replaced", archive=archive, expected=exc.expected, found=exc.found)
+        emit(Event.ENV_PACK_REPLACED, archive=archive, expected=exc.expected, found=exc.found)
         raise
     bin_dir = str(prefix / "bin")
     if environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         environ["PATH"] = os.pathsep.join(p for p in (bin_dir, environ.get("PATH", "")) if p)
     environ["VIRTUAL_ENV" if (prefix / "pyvenv.cfg").exists() else "CONDA_PREFIX"] = str(prefix)
     environ.pop("PYTHONHOME", None)
-    emit("env_pack", prefix=str(prefix), reused=reused, seconds=time.monotonic() - started)
+    emit(Event.ENV_PACK, prefix=str(prefix), reused=reused, seconds=time.monotonic() - started)
 
 
 def _named_in(path: Path) -> tuple[str, str]:

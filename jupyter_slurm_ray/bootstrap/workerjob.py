@@ -18,6 +18,7 @@ from typing import Any
 
 from jsr_base import gcs_address, job_id
 from jsr_events import LeaseWatch, owner_gone
+from jsr_wire import HEAD_FILE, WORKER_JOB_FIELD, Event, drain_file
 from noderun import TICK
 from procgroups import RayProcess
 from rayargs import ray_environment
@@ -42,24 +43,24 @@ class WorkerJobRun(WorkerRun):
 
     def __init__(self, job_dir: Any) -> None:
         super().__init__(job_dir)
-        self.events.fields = {"worker_job": job_id()}
+        self.events.fields = {WORKER_JOB_FIELD: job_id()}
         self.lease = LeaseWatch(job_dir, 0.0)
-        self.drain_file = job_dir / f"drain-{job_id()}"
+        self.drain_file = job_dir / drain_file(job_id())
         self.left: str | None = None
         self.head_missing_since: float | None = None
         self.next_check = 0.0
 
     def main(self) -> str:
         config = self.load_config()
-        self.events.emit("worker_job_started", nodes=os.environ.get("SLURM_JOB_NUM_NODES"))
+        self.events.emit(Event.WORKER_JOB_STARTED, nodes=os.environ.get("SLURM_JOB_NUM_NODES"))
         idle_timeout = float(config.idle_timeout)
         gone = owner_gone(self.job_dir, idle_timeout, lambda: self.flags.stop is not None)
         if gone:
-            self.events.emit("owner_gone", **gone)
+            self.events.emit(Event.OWNER_GONE, **gone)
             return "owner_gone"
-        if not (self.job_dir / "head.json").exists():
+        if not (self.job_dir / HEAD_FILE).exists():
             reason = "head.json is missing: the cluster's head is not running"
-            self.events.emit("head_gone", reason=reason)
+            self.events.emit(Event.HEAD_GONE, reason=reason)
             return "head_gone"
         self.lease = LeaseWatch(self.job_dir, idle_timeout)
         return super().main()
@@ -80,23 +81,25 @@ class WorkerJobRun(WorkerRun):
     def why_leave(self, process: RayProcess | None, head: dict[str, Any], now: float) -> str | None:
         if self.lease.stale():
             self.leaving("the owner's lease went stale")
-            self.events.emit("lease_stale", idle_timeout=self.lease.idle_timeout)
+            self.events.emit(Event.LEASE_STALE, idle_timeout=self.lease.idle_timeout)
             return "lease_stale"
-        if (self.job_dir / "head.json").exists():
+        if (self.job_dir / HEAD_FILE).exists():
             self.head_missing_since = None
         else:
             self.head_missing_since = self.head_missing_since or now
             if now - self.head_missing_since >= HEAD_GONE_AFTER:
                 reason = f"head.json was missing for {HEAD_GONE_AFTER:g} s: the head is gone"
                 self.leaving(reason)
-                self.events.emit("head_gone", reason=reason)
+                self.events.emit(Event.HEAD_GONE, reason=reason)
                 return "head_gone"
         if process is not None and self.drain_file.exists():
             return self.drain(process, head)
         return None
 
     def leaving(self, reason: str) -> None:
-        self.events.emit("worker_leaving", reason=reason, ip=self.plan.ip if self.plan else None)
+        self.events.emit(
+            Event.WORKER_LEAVING, reason=reason, ip=self.plan.ip if self.plan else None
+        )
 
     def drain(self, process: RayProcess, head: dict[str, Any]) -> str:
         """Ask Ray to drain this node, then wait (bounded) until its raylet exited."""
@@ -110,7 +113,11 @@ class WorkerJobRun(WorkerRun):
         node_id = dashboard.alive_node_id(self.plan.ip) if dashboard else None
         accepted = node_id is not None and self.request_drain(node_id, head, timeout)
         self.events.emit(
-            "worker_draining", ip=self.plan.ip, node_id=node_id, accepted=accepted, timeout=timeout
+            Event.WORKER_DRAINING,
+            ip=self.plan.ip,
+            node_id=node_id,
+            accepted=accepted,
+            timeout=timeout,
         )
         deadline = time.monotonic() + timeout
         next_look = time.monotonic() + CHECK_PERIOD
@@ -144,9 +151,9 @@ class WorkerJobRun(WorkerRun):
                 check=False,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            self.events.emit("worker_drain_failed", reason=str(exc))
+            self.events.emit(Event.WORKER_DRAIN_FAILED, reason=str(exc))
             return False
         if done.returncode != 0:
             lines = (done.stdout + done.stderr).splitlines()[-10:]
-            self.events.emit("worker_drain_failed", reason=f"exit {done.returncode}", log=lines)
+            self.events.emit(Event.WORKER_DRAIN_FAILED, reason=f"exit {done.returncode}", log=lines)
         return done.returncode == 0

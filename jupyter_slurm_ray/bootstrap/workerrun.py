@@ -14,6 +14,7 @@ from typing import Any
 
 from dashapi import Dashboard, port_open
 from jsr_base import BootstrapError, HeadMoved, PortConflict, RayExitedEarly, gcs_address
+from jsr_wire import HEAD_FILE, Event, Role, ray_log
 from noderun import API_PERIOD, TICK, NodeRun
 from procgroups import RayProcess
 
@@ -24,7 +25,7 @@ HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
 class WorkerRun(NodeRun):
     """One task of the worker step: join the head, bounded by start_timeout, stop on SIGTERM."""
 
-    role = "worker"
+    role = Role.WORKER
     join_period = API_PERIOD  # how often wait_until_joined asks whether it joined (s)
 
     def main(self) -> str:
@@ -40,7 +41,7 @@ class WorkerRun(NodeRun):
                 return self.join(ray, head)
             except HeadMoved as moved:
                 reason = f"the head moved to {moved} (ports of its first block were taken)"
-                self.events.emit("worker_retry", reason=reason)
+                self.events.emit(Event.WORKER_RETRY, reason=reason)
                 head = moved.head
                 self.stop()
             except PortConflict as conflict:
@@ -49,7 +50,7 @@ class WorkerRun(NodeRun):
                 if retried_early or self.deadline - time.monotonic() < RETRY_MIN_TIME:
                     raise
                 retried_early = True
-                self.events.emit("worker_retry", reason=exc.reason, log=exc.log)
+                self.events.emit(Event.WORKER_RETRY, reason=exc.reason, log=exc.log)
                 self.stop()
             self.plan_node(head["head_ip"])
 
@@ -58,7 +59,7 @@ class WorkerRun(NodeRun):
         assert self.plan is not None and self.config is not None
         address = gcs_address(head)
         self.events.emit(
-            "worker_starting",
+            Event.WORKER_STARTING,
             ip=self.plan.ip,
             ports=self.plan.block.ports,
             head=address,
@@ -67,12 +68,12 @@ class WorkerRun(NodeRun):
         if not self.wait_for_gcs(head):
             return self.stop_reason()
         argv = self.plan.worker_argv(ray, self.config, address)
-        process = self.start_ray(argv, f"ray-worker-{self.plan.host}.log")
+        process = self.start_ray(argv, ray_log(self.role, self.plan.host))
         stop = self.wait_until_joined(process, head)
         if stop:
             return stop
         self.plan.block.publish()  # Ray bound its ports: the claim may be seen
-        self.events.emit("worker_joined", ip=self.plan.ip, head=address)
+        self.events.emit(Event.WORKER_JOINED, ip=self.plan.ip, head=address)
         next_check = time.monotonic() + HEAD_CHECK
         while not self.flags.stop:
             leave = self.leave_reason(process, head)
@@ -99,7 +100,7 @@ class WorkerRun(NodeRun):
     def latest_head(self) -> dict[str, Any] | None:
         """What head.json says now (None while it is missing or unreadable)."""
         with contextlib.suppress(OSError, ValueError):
-            head = json.loads((self.job_dir / "head.json").read_text())
+            head = json.loads((self.job_dir / HEAD_FILE).read_text())
             if isinstance(head, dict) and "head_ip" in head and "gcs_port" in head:
                 return head
         return None
@@ -135,7 +136,7 @@ class WorkerRun(NodeRun):
     def read_head_json(self) -> dict[str, Any] | None:
         """head.json, waited for (the head writes it once its GCS listens and is verified);
         None when asked to stop meanwhile."""
-        path = self.job_dir / "head.json"
+        path = self.job_dir / HEAD_FILE
         while not self.flags.stop:
             head = self.latest_head()
             if head is not None:
@@ -173,4 +174,4 @@ class WorkerRun(NodeRun):
 
     def finish(self, reason: str, code: int) -> None:
         self.stop()
-        self.events.emit("worker_stopped", reason=reason, exit_code=code, log=self.exit_log)
+        self.events.emit(Event.WORKER_STOPPED, reason=reason, exit_code=code, log=self.exit_log)

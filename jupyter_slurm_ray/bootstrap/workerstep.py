@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jsr_base import LOG_LINES, short_hostname, tail
+from jsr_wire import PROGRAM_DIR, Role, Run, ray_log
 from procgroups import die_with_parent, stop_processes
 from slurmenv import own_job_environment
 
@@ -85,7 +86,7 @@ def worker_step_argv(
         cpus = worker_step_cpus(env)
     if cpus:
         argv.append(f"--cpus-per-task={cpus}")
-    return [*argv, sys.executable, str(job_dir / "bootstrap"), "worker", str(job_dir)]
+    return [*argv, sys.executable, str(job_dir / PROGRAM_DIR), Run.WORKER, str(job_dir)]
 
 
 class WorkerStep:
@@ -111,9 +112,9 @@ class WorkerStep:
 
     def log_lines(self, hosts: Iterable[str] | None = None) -> list[str]:
         """The last lines of the workers' `ray start` logs (of hosts, or all) and of srun."""
-        paths = sorted(self.logs.glob("ray-worker-*.log"))
+        paths = sorted(self.logs.glob(ray_log(Role.WORKER, "*")))
         if hosts is not None:
-            paths = [self.logs / f"ray-worker-{host}.log" for host in hosts]
+            paths = [self.logs / ray_log(Role.WORKER, host) for host in hosts]
         lines = [line for path in paths for line in tail(path, 10)]
         return (lines + tail(self.logs / "srun-workers.log", 10))[-LOG_LINES:]
 

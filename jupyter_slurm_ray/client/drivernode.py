@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ..bootstrap.jsr_wire import LOGS_DIR, PROGRAM_DIR, DriverLine, Run
 from ..errors import ConnectError
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,13 @@ class DriverNode:
                 "driver mode needs the ray command of this kernel's environment "
                 "(pip install 'ray[default]'), or connect = 'client'"
             )
-        bootstrap = Path(self.job_dir, "bootstrap")
+        bootstrap = Path(self.job_dir, PROGRAM_DIR)
         if not (bootstrap / "__main__.py").is_file():
             raise ConnectError(
                 f"driver mode needs the cluster's job dir on this host's filesystem "
                 f"({bootstrap} is not here): connect = 'client' instead"
             )
-        argv = [sys.executable, str(bootstrap), "driver", self.job_dir]
+        argv = [sys.executable, str(bootstrap), Run.DRIVER, self.job_dir]
         argv += ["--owner-pid", str(os.getpid()), "--ray", ray]
         output = self._log_file()
         try:
@@ -125,7 +126,7 @@ class DriverNode:
         log.info("driver node of %s started (pid %d)", self.job_dir, self.process.pid)
 
     def _log_file(self) -> IO[str] | int:
-        logs = Path(self.job_dir, "logs")
+        logs = Path(self.job_dir, LOGS_DIR)
         try:
             logs.mkdir(mode=0o700, exist_ok=True)
             host = socket.gethostname().split(".")[0]
@@ -137,14 +138,14 @@ class DriverNode:
         for line in stdout:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 said = json.loads(line)
-                if said.get("driver") == "ready":
+                if said.get(DriverLine.KEY) == DriverLine.READY:
                     self.ready_info = DriverReady.from_line(said)
                     self._news.set()
-                elif said.get("driver") == "failed":
+                elif said.get(DriverLine.KEY) == DriverLine.FAILED:
                     log_lines = "\n".join(str(x) for x in said.get("log") or [])
                     self.failure = str(said.get("reason")) + (f"\n{log_lines}" if log_lines else "")
                     self._news.set()
-                elif said.get("driver") == "stopped" and not self._stopping:
+                elif said.get(DriverLine.KEY) == DriverLine.STOPPED and not self._stopping:
                     log.warning("this kernel's Ray node stopped: %s", said.get("reason"))
         self._news.set()  # it exited
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bootstrap.jsr_wire import SETTINGS_FILE
 from ..errors import SlurmRayError
 from ..slurm.heresteps import allocation_of, is_here_job_id
 from ..spec import ClusterSpec
@@ -101,7 +102,7 @@ def driver_obstacle(spec: ClusterSpec, job_dir: str, place: KernelPlace) -> str 
 def job_dir_obstacle(job_dir: str) -> str | None:
     """The job dir must be here, and this user's: the driver node runs its bootstrap."""
     try:
-        info = Path(job_dir, "bootstrap.json").stat()
+        info = Path(job_dir, SETTINGS_FILE).stat()
     except OSError:
         return "the cluster's job dir is not on this host's filesystem"
     if info.st_uid != os.getuid():

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bootstrap.dashhttp import dashboard_url
+from ..bootstrap.jsr_wire import CONNECTION_FILE
 from ..config import effective_setting
 from ..errors import ConnectError
 from ..job.directory import JobDir
@@ -107,7 +108,7 @@ class ClientSide:
         """Once the job runs: True as soon as ``connection.json`` appears (the head answers),
         when the job dir is on this host's filesystem (a stat every HEAD_LOOK s, instead of
         the next read of the events); False at once when it is not, or once ``seen()``."""
-        path = Path(job_dir.path, "connection.json")
+        path = Path(job_dir.file(CONNECTION_FILE))
         if not isinstance(self.transport, LocalTransport) or not path.parent.is_dir():
             return False
         while not seen():

@@ -170,7 +170,7 @@ class NodeReport:
 
 def _bootstrap_sources() -> dict[str, str]:
     package = resources.files("jupyter_slurm_ray").joinpath("bootstrap")
-    names = ("slurmenv", "jsr_base", "nodeaddr", "container")  # in import order
+    names = ("jsr_wire", "slurmenv", "jsr_base", "nodeaddr", "container")  # in import order
     return {name: package.joinpath(f"{name}.py").read_text() for name in names}
 
 

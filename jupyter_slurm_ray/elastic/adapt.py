@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..bootstrap import dashhttp
+from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event
 from ..clientevents import append_event
 from ..errors import SlurmRayError
 from ..slurm.watch import watcher_for
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ADAPT_EVENT = "adapt"
 INTERVAL = 2.0  # seconds between two looks at Ray's state (its monitor writes every ~5 s)
 SETTLE = 12.0  # a node that joined this recently may not show in Ray's demand yet
 DRAIN_TIMEOUT = 30.0
@@ -187,8 +187,8 @@ class Adapter:
         joined_at: dict[str, float] = {}
         ips: dict[str, str] = {}
         for event in self.host.events:
-            job_id = event.get("worker_job")
-            if event.get("event") == "worker_joined" and job_id:
+            job_id = event.get(WORKER_JOB_FIELD)
+            if event.get("event") == Event.WORKER_JOINED and job_id:
                 joined_at[str(job_id)] = float(event.get("t") or 0.0)
                 if isinstance(event.get("ip"), str):
                     ips[str(job_id)] = event["ip"]
@@ -244,8 +244,9 @@ class Adapter:
         self._remember(f"{before} → {after} nodes ({moved}): {cause}")
         with contextlib.suppress(SlurmRayError):  # the decision stands without its record
             await append_event(
-                self.host.transport, self.host.job_directory().path, "scaled", nodes_before=before,
-                nodes=after, submitted=submitted, retired=retired, cause=f"adapt: {cause}",
+                self.host.transport, self.host.job_directory().path, Event.SCALED,
+                nodes_before=before, nodes=after, submitted=submitted, retired=retired,
+                cause=f"adapt: {cause}",
             )  # fmt: skip
 
     def _nodes(self) -> int:
@@ -258,7 +259,7 @@ class Adapter:
         self._remember(message)
         with contextlib.suppress(SlurmRayError):
             await append_event(
-                self.host.transport, self.host.job_directory().path, ADAPT_EVENT,
+                self.host.transport, self.host.job_directory().path, Event.ADAPT,
                 report=report, cause=message,
             )  # fmt: skip
 
@@ -307,7 +308,7 @@ def recent_decisions(events: list[dict[str, Any]], count: int = KEPT) -> tuple[s
 def _decision_line(event: dict[str, Any]) -> str | None:
     kind, t = event.get("event"), event.get("t")
     when = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "?"
-    if kind == "scaled":
+    if kind == Event.SCALED:
         group = event.get("group")
         of = f" ({group})" if group and group != "default" else ""
         moved = [
@@ -317,9 +318,9 @@ def _decision_line(event: dict[str, Any]) -> str | None:
         ]
         before, after = event.get("nodes_before"), event.get("nodes")
         return f"{when} {before} → {after} nodes{of} ({'; '.join(moved)}): {event.get('cause')}"
-    if kind == "rotated":
+    if kind == Event.ROTATED:
         return f"{when} rotation: {event.get('step')} {event.get('old')} → {event.get('new')}"
-    if kind in ("rotation_failed", "scale_refused", ADAPT_EVENT) and event.get("cause"):
+    if kind in (Event.ROTATION_FAILED, Event.SCALE_REFUSED, Event.ADAPT) and event.get("cause"):
         return f"{when} {event.get('cause')}"
     return None
 

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
+from ..bootstrap.jsr_wire import GROUP_VARIABLE
 from ..errors import SpecError
 
 
@@ -39,7 +40,6 @@ class GroupedSpec(Protocol):
 Spec = TypeVar("Spec", bound=GroupedSpec)
 
 DEFAULT_GROUP = "default"
-GROUP_ENV = "JSR_WORKER_GROUP"  # in a worker job's environment: the bootstrap's Ray resource
 #: What a group may change: where its jobs run and what each node has, not how Ray starts.
 GROUP_FIELDS = (
     "partition",
@@ -116,18 +116,13 @@ def group_spec(spec: Spec, group: str) -> Spec:
         known = ", ".join(group_names(spec))
         raise SpecError("group", group, f"a worker group of this cluster: {known}")
     settings = dict(dict(spec.worker_groups).get(group, ()))
-    settings["env"] = {**dict(spec.env), **dict(settings.get("env", ())), GROUP_ENV: group}
+    settings["env"] = {**dict(spec.env), **dict(settings.get("env", ())), GROUP_VARIABLE: group}
     settings["setup"] = (*spec.setup, *settings.get("setup", ()))
     try:
         return spec.replace(nodes=1, worker_groups=(), **settings)
     except SpecError as error:
         where = f"worker_groups.{group}.{error.field}"
         raise SpecError(where, error.value, error.allowed) from None
-
-
-def group_resource(group: str) -> str:
-    """The Ray resource every node of the group has (1 per node)."""
-    return f"group:{group}"
 
 
 def parse_group_option(text: str) -> tuple[str, dict[str, str]]:

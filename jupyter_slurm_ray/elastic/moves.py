@@ -154,9 +154,7 @@ class Moves:
         running = [job for job in chosen if not job.ended and not job.pending]
         directory = JobDir(self._jobs.transport, job_dir)
         for job in running:
-            await self._jobs.transport.write_file(
-                directory.file(f"drain-{job.job_id}"), f"{drain_timeout:g}\n", 0o600
-            )
+            await directory.request_drain(job.job_id, drain_timeout)
         if running:
             deadline = time.monotonic() + drain_timeout + DRAIN_GRACE
             drain = asyncio.ensure_future(self._see_out(running, deadline, poll))

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event
 from ..clientevents import (
-    ADAPT_REQUEST,
     append_event,
     made_after,
     recorded_adapting,
@@ -32,7 +32,7 @@ from ..registry import ClusterRecord
 from ..slurm.client import SlurmClient
 from ..slurm.watch import watcher_for
 from ..states import Status
-from .adapt import ADAPT_EVENT, INTERVAL, Adapter, checked_or_default, recent_decisions
+from .adapt import INTERVAL, Adapter, checked_or_default, recent_decisions
 from .groups import DEFAULT_GROUP, group_names
 from .host import ClusterHost
 from .moves import Moves
@@ -110,7 +110,7 @@ class Elastic:
             )
             if submitted or retired:
                 await self._tell(
-                    "scaled", nodes_before=before, nodes=wanted, group=group,
+                    Event.SCALED, nodes_before=before, nodes=wanted, group=group,
                     submitted=submitted, retired=retired, cause=cause,
                 )  # fmt: skip
             return submitted, retired
@@ -163,12 +163,12 @@ class Elastic:
         applied one after another in the order they were made."""
         events = self.host.events[self._events_seen :]
         self._events_seen += len(events)
-        self.workers.note_events(e for e in events if e.get("worker_job"))
+        self.workers.note_events(e for e in events if e.get(WORKER_JOB_FIELD))
         for event in events:
             request = requested_nodes(event, self._owning_since)
             if request is not None:
                 self._in_order(partial(self._apply_scale_request, *request, event))
-            elif made_after(event, ADAPT_REQUEST, self._owning_since):
+            elif made_after(event, Event.ADAPT_REQUEST, self._owning_since):
                 self._in_order(partial(self._apply_adapt_request, event))
         self._maybe_rotate()
 
@@ -224,7 +224,9 @@ class Elastic:
             for job in self._due_for_rotation():
                 await self._replace(job, moves, job_dir, minutes)
             for job in replaced_and_joined(self.workers.jobs):
-                await self._tell("rotated", step="draining", old=job.job_id, new=job.replaced_by)
+                await self._tell(
+                    Event.ROTATED, step="draining", old=job.job_id, new=job.replaced_by
+                )
                 await moves.retire([job], job_dir, 60.0, watcher.poll_soon)
 
         with contextlib.suppress(SlurmRayError):  # the cluster stops
@@ -240,10 +242,10 @@ class Elastic:
         except SlurmRayError as exc:
             job.replaced_by = "-"  # reported once, not tried again
             log.warning("%s: no replacement for worker job %s: %s", self.host.id, job.job_id, exc)
-            await self._tell("rotation_failed", old=job.job_id, reason=str(exc), cause=cause)
+            await self._tell(Event.ROTATION_FAILED, old=job.job_id, reason=str(exc), cause=cause)
             return
         job.replaced_by = new
-        await self._tell("rotated", step="submitted", old=job.job_id, new=new, cause=cause)
+        await self._tell(Event.ROTATED, step="submitted", old=job.job_id, new=new, cause=cause)
 
     async def _tell(self, event: str, **fields: Any) -> None:
         with contextlib.suppress(SlurmRayError):  # the move stands without its event
@@ -259,7 +261,7 @@ class Elastic:
             line = f"scale to {nodes} nodes ({asked}) refused: {exc}"
             log.warning("%s: %s", self.host.spec.name, line)
             self._note_refusal(line)
-            await self._tell("scale_refused", nodes=nodes, group=group, cause=line)
+            await self._tell(Event.SCALE_REFUSED, nodes=nodes, group=group, cause=line)
         except SlurmRayError as exc:
             log.warning(
                 "%s: a scale request to %s nodes failed: %s", self.host.spec.name, nodes, exc
@@ -298,7 +300,7 @@ class Elastic:
         self._adapter = Adapter(host, self.workers, settings, interval, self._on_change)
         self._adapter.start()
         self._on_change()
-        await self._tell(ADAPT_EVENT, report="started", cause=settings.describe())
+        await self._tell(Event.ADAPT, report="started", cause=settings.describe())
         return settings
 
     async def request_adapt(
@@ -322,7 +324,7 @@ class Elastic:
             )
         job_dir = host.job_directory().path
         if off:
-            await append_event(host.transport, job_dir, ADAPT_REQUEST, off=True)
+            await append_event(host.transport, job_dir, Event.ADAPT_REQUEST, off=True)
             return None
         settings = checked_or_default(
             host.spec.nodes,
@@ -334,7 +336,7 @@ class Elastic:
             host.adapt_defaults(),
         )
         await append_event(
-            host.transport, job_dir, ADAPT_REQUEST, minimum=settings.minimum,
+            host.transport, job_dir, Event.ADAPT_REQUEST, minimum=settings.minimum,
             maximum=settings.maximum, idle_timeout=settings.idle_timeout,
             max_pending=settings.max_pending,
         )  # fmt: skip

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any, TypeVar
 
+from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event, Run
 from ..errors import (
     SlurmRayError,
     SpecError,
@@ -147,7 +148,7 @@ class WorkerJobs:
     def note_events(self, events: Iterable[Mapping[str, Any]]) -> None:
         """The worker jobs' own events (those with ``worker_job``)."""
         for event in events:
-            job = self.jobs.get(str(event.get("worker_job")))
+            job = self.jobs.get(str(event.get(WORKER_JOB_FIELD)))
             if job is None:
                 continue
             kind = event.get("event")
@@ -155,14 +156,19 @@ class WorkerJobs:
                 job.host = event["host"]
             if job.pending:  # its bootstrap runs: Slurm started it (its squeue may say later)
                 job.state, job.reason, job.estimated_start = "RUNNING", None, None
-            if kind == "worker_joined":
+            if kind == Event.WORKER_JOINED:
                 job.joined = True
-            elif kind in ("worker_leaving", "head_gone", "owner_gone", "lease_stale"):
+            elif kind in (
+                Event.WORKER_LEAVING,
+                Event.HEAD_GONE,
+                Event.OWNER_GONE,
+                Event.LEASE_STALE,
+            ):
                 job.leaving = True
-            elif kind in ("worker_stopped", "error"):
+            elif kind in (Event.WORKER_STOPPED, Event.ERROR):
                 job.joined = False
                 job.leaving = True
-                if kind == "error":
+                if kind == Event.ERROR:
                     job.reason = str(event.get("reason") or "the worker job failed")
 
     # -- following them: the cluster's watcher, in the same squeue as the head ----------------
@@ -288,8 +294,7 @@ class WorkerJobs:
         own = spec.time_seconds
         if minutes is not None and (own is None or minutes * 60 < own):
             spec = spec.replace(time=str(minutes))
-        command = directory.bootstrap_command(bootstrap_python(self.spec))  # as the head's
-        command[-2] = "workerjob"  # [..., JOB_DIR/bootstrap, "head", JOB_DIR]
+        command = directory.bootstrap_command(bootstrap_python(self.spec), Run.WORKER_JOB)
         text = render_job_script(
             spec,
             cluster_id=self.cluster_id,

@@ -13,6 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import SpecError
+from ..slurm.output import BYTES_PER_UNIT, parse_duration, size_in_bytes
 from .environment import is_pattern, never_reason
 
 # ----------------------------------------------------------------------------- walltime
@@ -25,21 +26,6 @@ TIME_REQUIRED = (
     "a walltime is required: pass time=... (e.g. '1:00:00') or set it in the config or a profile"
 )
 
-_LEAD = "([0-9]{1,9})"  # a leading field: any size where Slurm allows it
-_PART = "([0-9]{1,2})"  # an inner field: bounded by _UNIT_LIMIT
-_WALLTIME_FORMS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.ASCII), units)
-    for pattern, units in (
-        (_LEAD, "m"),
-        (f"{_LEAD}:{_PART}", "ms"),
-        (f"{_PART}:{_PART}:{_PART}", "hms"),
-        (f"{_LEAD}-{_PART}", "dh"),
-        (f"{_LEAD}-{_PART}:{_PART}", "dhm"),
-        (f"{_LEAD}-{_PART}:{_PART}:{_PART}", "dhms"),
-    )
-)
-_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_UNIT_LIMIT = {"h": 24, "m": 60, "s": 60}
 _MAX_WALLTIME_SECONDS = (2**32 - 2) * 60  # Slurm's largest finite limit, in minutes
 
 
@@ -54,29 +40,10 @@ def parse_walltime(value: str | int, *, field: str = "time") -> int:
             field, value, "a finite walltime (UNLIMITED is refused); " + WALLTIME_ALLOWED
         )
     else:
-        seconds = _walltime_seconds(value.strip())
+        seconds = parse_duration(value)
     if seconds is None or not 1 <= seconds <= _MAX_WALLTIME_SECONDS:
         raise SpecError(field, value, WALLTIME_ALLOWED)
     return seconds
-
-
-def _walltime_seconds(text: str) -> int | None:
-    for pattern, units in _WALLTIME_FORMS:
-        match = pattern.fullmatch(text)
-        if match:
-            numbers = [int(group) for group in match.groups()]
-            return _sum_units(units, numbers)
-    return None
-
-
-def _sum_units(units: str, numbers: list[int]) -> int | None:
-    total = 0
-    for index, (unit, number) in enumerate(zip(units, numbers, strict=True)):
-        bounded = index > 0 or unit == "h"
-        if bounded and number >= _UNIT_LIMIT[unit]:
-            return None
-        total += number * _UNIT_SECONDS[unit]
-    return total
 
 
 def format_walltime(seconds: int) -> str:
@@ -94,11 +61,9 @@ def format_walltime(seconds: int) -> str:
 
 MEMORY_ALLOWED = (
     "a memory size like 4000 (megabytes), 512M, 16G, 1.5T or 16GiB "
-    "(units K, M, G, T, powers of 1024; a fraction needs a unit)"
+    "(units K, M, G, T, P, powers of 1024; a fraction needs a unit)"
 )
 _OBJECT_STORE_MIN = 78643200  # Ray's minimum object store size, in bytes
-_SIZE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,9})?)(?:([KMGT])(?:I?B)?)?", re.ASCII | re.IGNORECASE)
-_UNIT_BYTES = {"B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 def _parse_size(field: str, value: object, default_unit: str, allowed: str) -> int:
@@ -106,21 +71,18 @@ def _parse_size(field: str, value: object, default_unit: str, allowed: str) -> i
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise SpecError(field, value, allowed)
     if isinstance(value, int):
-        number, unit = Fraction(value), default_unit
+        size: Fraction | None = Fraction(value) * BYTES_PER_UNIT[default_unit]
     else:
-        match = _SIZE.fullmatch(value.strip())
-        if not match or ("." in match.group(1) and not match.group(2)):
-            raise SpecError(field, value, allowed)
-        number, unit = Fraction(match.group(1)), (match.group(2) or default_unit).upper()
-    if number <= 0:
+        size = size_in_bytes(value, default_unit)
+    if size is None or size <= 0:
         raise SpecError(field, value, allowed)
-    return math.ceil(number * _UNIT_BYTES[unit])
+    return math.ceil(size)
 
 
 def parse_memory(value: str | int, *, field: str = "mem_per_node") -> int:
     """Megabytes (MiB, as Slurm counts them) of a Slurm memory size; a bare number is megabytes."""
     size = _parse_size(field, value, "M", MEMORY_ALLOWED)
-    return -(-size // _UNIT_BYTES["M"])
+    return -(-size // BYTES_PER_UNIT["M"])
 
 
 # ----------------------------------------------------------------------------- field checks

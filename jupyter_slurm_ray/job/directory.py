@@ -14,6 +14,7 @@ running from it (the bootstrap too, ACLs included).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -23,20 +24,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..bootstrap.jsr_wire import (
+    CONNECTION_FILE,
+    DETACHED_FILE,
+    EVENTS_FILE,
+    LEASE_FILE,
+    LOGS_DIR,
+    PROGRAM_DIR,
+    SETTINGS_FILE,
+    TOKEN_FILE,
+    Role,
+    Run,
+    Settings,
+    drain_file,
+    ray_log,
+)
 from ..errors import CommandError, SlurmRayError, SpecError
 from ..slurm.output import expand_hostlist
-from ..spec import ClusterSpec
+from ..spec import FIELD_NAMES, ClusterSpec
 from ..transport import LocalTransport, Transport, tar_base64
 from .checks import python_command
 from .environment import exported_names, parse_env0
 from .shipping import bootstrap_files
 
-EVENTS = "events.jsonl"
 SCRIPT = "job.sbatch"
-CONNECTION = "connection.json"
-TOKEN = "ray_token"
-LEASE = "lease"
-DETACHED = "detached"
 
 
 _UNTRUSTED_EXIT = 6
@@ -134,33 +145,36 @@ class JobDir:
     def file(self, name: str) -> str:
         return f"{self.path}/{name}"
 
-    def bootstrap_command(self, python: str | None, *, local_mode: bool = False) -> list[str]:
-        """The job's command: the shipped bootstrap package run as a directory.
+    def bootstrap_command(
+        self, python: str | None, run: str = Run.HEAD, *, local_mode: bool = False
+    ) -> list[str]:
+        """The job's command: the shipped bootstrap package run as a directory, as ``run``
+        (``Run.HEAD``: a cluster's job; ``Run.WORKER_JOB``: a worker job's).
 
         ``python`` None (not set): this kernel's own environment when Slurm runs here (its
         ``bin`` first on PATH, as an activation would put it, so ``ray`` is found), after
         :func:`kernel_environment` judged that the compute nodes share it; ``python3`` over SSH.
         ``local_mode``: this machine runs the job, so no node needs to share the environment.
         """
-        run = [self.file("bootstrap"), "head", self.path]
+        program = [self.file(PROGRAM_DIR), run, self.path]
         if python is not None:
-            return [python, *run]
+            return [python, *program]
         if local_mode:
-            return [*kernel_python_argv(KernelEnvironment.of_this_process()), *run]
+            return [*kernel_python_argv(KernelEnvironment.of_this_process()), *program]
         if not isinstance(self.transport, LocalTransport):
-            return ["python3", *run]
-        return [*kernel_python_argv(kernel_environment(os.path.dirname(self.path))), *run]
+            return ["python3", *program]
+        return [*kernel_python_argv(kernel_environment(os.path.dirname(self.path))), *program]
 
     async def create(self, spec: ClusterSpec, cluster_id: str, *, script: str, lease: str) -> None:
         """Create the directory, fresh (it must not exist), with the job script, the bootstrap,
         its settings, the owner's first lease and a new Ray token: one command whatever the
         transport (one round trip over SSH)."""
-        files = {f"bootstrap/{name}": text for name, text in bootstrap_files().items()}
-        files["bootstrap.json"] = json.dumps(bootstrap_settings(spec, cluster_id), indent=1)
-        files[TOKEN] = secrets.token_urlsafe(32) + "\n"
-        files[LEASE] = lease
+        files = {f"{PROGRAM_DIR}/{name}": text for name, text in bootstrap_files().items()}
+        files[SETTINGS_FILE] = json.dumps(bootstrap_settings(spec, cluster_id), indent=1)
+        files[TOKEN_FILE] = secrets.token_urlsafe(32) + "\n"
+        files[LEASE_FILE] = lease
         files[SCRIPT] = script
-        files["logs/.keep"] = ""
+        files[f"{LOGS_DIR}/.keep"] = ""
         root, _, name = self.path.rpartition("/")
         archive = tar_base64(files)
         try:
@@ -172,31 +186,44 @@ class JobDir:
         await self.transport.run(["rm", "-rf", "--", self.path], check=False)
 
     async def write_lease(self, content: str) -> None:
-        await self.transport.write_file(self.file(LEASE), content, 0o600)
+        await self.transport.write_file(self.file(LEASE_FILE), content, 0o600)
 
     async def mark_detached(self, content: str) -> None:
-        await self.transport.write_file(self.file(DETACHED), content, 0o600)
+        await self.transport.write_file(self.file(DETACHED_FILE), content, 0o600)
 
     async def read_events(self, offset: int) -> tuple[list[dict[str, Any]], int]:
         """Events appended since ``offset`` (whole lines only) and the new offset."""
-        text, offset = await self.transport.read_from(self.file(EVENTS), offset)
+        text, offset = await self.transport.read_from(self.file(EVENTS_FILE), offset)
         return parse_events(text), offset
 
+    async def recent_events(self, count: int) -> list[dict[str, Any]]:
+        """The last ``count`` events (SlurmRayError when they cannot be read)."""
+        return parse_events(await self.transport.tail(self.file(EVENTS_FILE), count))
+
+    async def read_lease(self) -> str | None:
+        """The lease's text; None when there is none."""
+        return await self.transport.read_file_if_exists(self.file(LEASE_FILE))
+
+    async def request_drain(self, job_id: str, timeout: float) -> None:
+        """Ask worker job ``job_id`` to drain and leave within ``timeout`` seconds."""
+        await self.transport.write_file(self.file(drain_file(job_id)), f"{timeout:g}\n", 0o600)
+
     async def read_connection(self) -> str:
-        return await self.transport.read_file(self.file(CONNECTION))
+        return await self.transport.read_file(self.file(CONNECTION_FILE))
 
     async def read_connection_if_ready(self) -> str | None:
-        return await self.transport.read_file_if_exists(self.file(CONNECTION))
+        return await self.transport.read_file_if_exists(self.file(CONNECTION_FILE))
 
     async def read_token(self) -> str:
-        return (await self.transport.read_file(self.file(TOKEN))).strip()
+        return (await self.transport.read_file(self.file(TOKEN_FILE))).strip()
 
     async def logs(self, job_id: str | None, node: str | None = None, tail: int = 100) -> str:
         """The job's output (``node=None``) or one node's Ray log, last ``tail`` lines each."""
         if node is not None:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", node):
                 raise SlurmRayError(f"node: {node!r} is not a host name")
-            names = [f"logs/ray-{role}-{node}.log" for role in ("head", "worker", "driver")]
+            roles = (Role.HEAD, Role.WORKER, Role.DRIVER)
+            names = [f"{LOGS_DIR}/{ray_log(role, node)}" for role in roles]
         else:
             names = [f"slurm-{job_id}.out", f"slurm-{job_id}.err"] if job_id else []
         parts = []
@@ -341,29 +368,23 @@ def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
 
 
 def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
-    """``bootstrap.json``: what the bootstrap needs from the spec."""
-    return {
-        "cluster_id": cluster_id,
-        "nodes": spec.nodes,
-        "port_strategy": spec.port_strategy,
-        "port_range": list(spec.port_range),
-        "fixed_port_base": spec.fixed_port_base,
-        "worker_ports": spec.worker_ports,
-        "network_interface": spec.network_interface,
-        "node_ip_address_command": spec.node_ip_address_command,
-        "ray_start_args": list(spec.ray_start_args),
-        "env": dict(spec.env),
-        "object_store_memory": spec.object_store_memory,
-        "idle_timeout": spec.idle_timeout,
-        "start_timeout": spec.start_timeout,
-        "lock_dir": spec.port_lock_dir,
-        "container": spec.container,
-        "container_runtime": spec.container_runtime,
-        "here_hosts": expand_hostlist(spec.here_nodes or "") if spec.mode == "here" else [],
-        "cpus_per_node": spec.cpus_per_node if spec.mode == "here" else None,
-        "here_kernel_tasks": spec.here_kernel_tasks,
-        "walltime_warning": spec.walltime_warning,
+    """``bootstrap.json``: every field of the bootstrap's ``Settings``, the spec's setting of
+    the same name unless given here."""
+    here = spec.mode == "here"
+    values = {
+        item.name: getattr(spec, item.name)
+        for item in dataclasses.fields(Settings)
+        if item.name in FIELD_NAMES
     }
+    values.update(
+        cluster_id=cluster_id,
+        ray_start_args=list(spec.ray_start_args),
+        env=dict(spec.env),
+        lock_dir=spec.port_lock_dir,
+        here_hosts=expand_hostlist(spec.here_nodes or "") if here else [],
+        cpus_per_node=spec.cpus_per_node if here else None,  # the steps' CPUs (mode 'here')
+    )
+    return dataclasses.asdict(Settings(**values))
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import display
+from ..bootstrap.jsr_wire import PACK_SHA256_VARIABLE, PACK_VARIABLE
 from ..errors import SlurmRayError, SpecError
 from ..spec import ClusterSpec
 from ..transport import LocalTransport, Transport
@@ -35,8 +36,6 @@ from ..transport import LocalTransport, Transport
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "PACK_SHA256_VARIABLE",
-    "PACK_VARIABLE",
     "EnvironmentToPack",
     "PackOnCluster",
     "bootstrap_command",
@@ -48,8 +47,6 @@ __all__ = [
     "ship_pack",
 ]
 
-PACK_VARIABLE = "JSR_ENV_PACK"  # the job's variable naming the archive (bootstrap/unpack.py)
-PACK_SHA256_VARIABLE = "JSR_ENV_PACK_SHA256"  # ... and the content it must have
 PACKS_DIR = "packs"  # under the job dir root
 SUFFIX = {"venv": ".tar.gz", "conda": ".tar.gz", "pixi": ".tar"}
 TOOL = {"venv": "venv-pack", "conda": "conda-pack", "pixi": "pixi-pack"}

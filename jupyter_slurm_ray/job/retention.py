@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..bootstrap.jsr_wire import PACK_VARIABLE
 from ..errors import SlurmRayError
 from ..naming import is_cluster_id
 from ..registry import ClusterRecord
@@ -44,7 +45,7 @@ for d in *; do
   [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != packs ] || continue
   newest=$(find "$d" -maxdepth 1 -printf '%T@\n' 2>/dev/null | sort -n | tail -n 1)
   kib=$(du -sk -- "$d" 2>/dev/null | cut -f1)
-  pack=$(sed -n 's/.*JSR_ENV_PACK=\([^ ]*\).*/\1/p' "$d/job.sbatch" 2>/dev/null | head -n 1)
+  pack=$(sed -n 's/.*__PACK__=\([^ ]*\).*/\1/p' "$d/job.sbatch" 2>/dev/null | head -n 1)
   ids=$(ls -1 -- "$d" 2>/dev/null | sed -n 's/^slurm-\(.*\)\.out$/\1/p' | tr '\n' ' ')
   printf 'dir\t%s\t%s\t%s\t%s\t%s\t%s\n' "$d" "$(stat -c %u -- "$d")" "${newest:-0}" \
     "${kib:-0}" "${pack##*/}" "$ids"
@@ -54,7 +55,7 @@ for f in packs/env-* packs/.env-*; do
   printf 'pack\t%s\t%s\n' "${f#packs/}" "$(stat -c '%u %Y %s' -- "$f")"
 done
 exit 0
-"""
+""".replace("__PACK__", PACK_VARIABLE)
 # Constant program (``sh -c REMOVE sh ROOT RELATIVE...``): each path, if it is still no
 # symbolic link and this user's, removed; the paths removed printed.
 _REMOVE = r"""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SITE_PATH = "sitepath"  # a subdirectory put first on the PYTHONPATH of Ray's processes
+from ..bootstrap.jsr_wire import SITE_PATH
 
 
 def bootstrap_files() -> dict[str, str]:

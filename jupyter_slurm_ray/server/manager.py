@@ -24,12 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
+from ..bootstrap.jsr_wire import Event
 from ..cluster import SlurmRayCluster
 from ..elastic.groups import checked_name
 from ..elastic.workerjobs import checked_node_count
 from ..errors import Conflict, NotFound, SlurmRayError, SpecError
 from ..inventory import Entry, Inventory, tag_matches
-from ..job.directory import EVENTS, JobDir, parse_events
+from ..job.directory import JobDir
 from ..naming import is_cluster_id
 from ..ownership import live_owner
 from ..registry import ClusterRecord, Registry
@@ -124,7 +125,7 @@ class ClusterManager:
             view["usage"] = {**known.to_dict(), "summary": usage_summary(known)}
         job_dir = JobDir(self.transports.for_target(record.target), record.job_dir)
         view["events"] = await _recent_events(job_dir, events)
-        if any(e.get("event") == "walltime_warning" for e in view["events"]):  # the job's word
+        if any(e.get("event") == Event.WALLTIME_WARNING for e in view["events"]):  # the job's word
             warned = replace(entry.status, walltime_warning=True)
             view["walltime_warning"] = warning_due(warned, view["walltime_warning_seconds"])
         if record.job_id:
@@ -511,8 +512,7 @@ def _walltime_and_queue(record: ClusterRecord, status: Status) -> WalltimeAndQue
 
 async def _recent_events(job_dir: JobDir, count: int) -> list[dict]:
     try:
-        text = await job_dir.transport.tail(job_dir.file(EVENTS), count)
+        return await job_dir.recent_events(count)
     except SlurmRayError as exc:
         log.warning("reading the events of %s failed: %s", job_dir.path, exc)
         return []
-    return parse_events(text)

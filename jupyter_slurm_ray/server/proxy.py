@@ -42,6 +42,7 @@ from jupyter_server_proxy.handlers import ProxyHandler
 from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
+from ..bootstrap.dashhttp import TOKEN_HEADER
 from ..errors import DashboardUnavailable, NotFound, SlurmRayError
 from .answers import Answer, BadAnswer, HeadGone, HeadSilent
 from .backends import DashboardBackend, DashboardBackends
@@ -64,7 +65,7 @@ _DROPPED_REQUEST_HEADERS = (
     "Authorization",
     "Cookie",
     "X-XSRFToken",
-    "X-Ray-Authorization",
+    TOKEN_HEADER,  # only ours goes to the head (backend.token_headers)
     "Sec-WebSocket-Extensions",
     "Host",
 )

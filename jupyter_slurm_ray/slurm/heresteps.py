@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..naming import HERE_JOB_ID
 from ..transport import Transport
@@ -91,15 +92,15 @@ if [ -e "$d/$id.cancelled" ]; then
   code=0
 elif cd -- "$dir" && exec 3<"$d/script-$tag"; then
   rm -f -- "$d/script-$tag"
-  case $export in ALL) x=ALL ;; NONE) x=JSR_JOB_ID ;; *) x="$export,JSR_JOB_ID" ;; esac
-  JSR_JOB_ID=$id srun --jobid="$alloc" --job-name="$id" --export="$x" --chdir="$dir" "$@" \
+  case $export in ALL) x=ALL ;; NONE) x=__JOB_ID__ ;; *) x="$export,__JOB_ID__" ;; esac
+  __JOB_ID__=$id srun --jobid="$alloc" --job-name="$id" --export="$x" --chdir="$dir" "$@" \
     bash -s <&3 >"slurm-$id.out" 2>"slurm-$id.err"
   code=$?
   exec 3<&-
 fi
 rm -f -- "$d/script-$tag"
 put "$id.exit" "$code $(date +%s)"
-"""
+""".replace("__JOB_ID__", JOB_ID_VARIABLE)
 
 # Each step's runner files, and whether its runner still runs here:
 # "id|this host|runner's ps start now|runner's ps start|epoch host|hosts|tag|exit|cancelled".

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..job.checks import parse_walltime
 from ..transport import Transport
@@ -101,7 +102,7 @@ env = dict(given, SLURM_JOB_ID=job_id, SLURM_JOBID=job_id, SLURM_JOB_NUM_NODES="
            SLURM_NNODES="1", SLURM_NTASKS="1", SLURM_NODEID="0", SLURM_PROCID="0",
            SLURM_LOCALID="0", SLURM_CPUS_ON_NODE=cpus, SLURM_JOB_CPUS_PER_NODE=cpus,
            SLURM_SUBMIT_DIR=job_dir, SLURMD_NODENAME=host, SLURM_JOB_NODELIST=host,
-           SLURM_NODELIST=host, SLURM_CLUSTER_NAME="local-mode", JSR_LOCAL_MODE="1")
+           SLURM_NODELIST=host, SLURM_CLUSTER_NAME="local-mode", __LOCAL_MODE__="1")
 if mem:
     env["SLURM_MEM_PER_NODE"] = mem
 state, kill_at, warned, begun, job = None, None, False, time.monotonic(), None
@@ -135,7 +136,7 @@ code = job.returncode if job.returncode >= 0 else 128 - job.returncode
 write(job_id + ".exit", f"{state or ('COMPLETED' if code == 0 else 'FAILED')} {code} "
       f"{int(time.time())}\n")
 os.unlink(script)
-"""
+""".replace("__LOCAL_MODE__", LOCAL_MODE_VARIABLE)
 
 # The launcher: keeps the job script from its stdin in the state dir, starts the runner in a
 # new session, waits for its pid, prints it. $0 the runner, $1 its Python, $2 the job dir,

@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 
 log = logging.getLogger(__name__)
 
@@ -366,18 +367,29 @@ def parse_cpu_time(text: str) -> float | None:
     return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
 
 
-_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-_SIZE_VALUE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)B?$", re.IGNORECASE)
+# Slurm's sizes, as sbatch takes them and Slurm prints them: a number with a unit (powers of
+# 1024, ``16G``, ``16GB``, ``16GiB``) or without (then in the caller's unit); a fraction needs
+# its unit.
+BYTES_PER_UNIT = {"B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_SIZE = re.compile(
+    r"([0-9]{1,15}(?:\.[0-9]{1,9})?)(?:([KMGTP])(?:I?B)?)?", re.ASCII | re.IGNORECASE
+)
+
+
+def size_in_bytes(text: str, unit: str = "B") -> Fraction | None:
+    """The exact bytes of a Slurm size (``unit``: that of a bare number, a key of
+    BYTES_PER_UNIT); None when it is none."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match or ("." in match.group(1) and not match.group(2)):
+        return None
+    number, suffix = match.groups()
+    return Fraction(number) * BYTES_PER_UNIT[(suffix or unit).upper()]
 
 
 def parse_size(text: str, *, unit: str = "B") -> int | None:
     """Bytes in a size as Slurm prints it: ``219426816`` (in ``unit``), ``214284K``, ``1.5G``."""
-    match = _SIZE_VALUE.match(text.strip())
-    if not match:
-        return None
-    number, suffix = match.groups()
-    factor = _SIZE_UNITS[suffix.upper()] if suffix else _SIZE_UNITS[unit.upper().rstrip("B")]
-    return int(float(number) * factor)
+    size = size_in_bytes(text, unit)
+    return None if size is None else int(size)
 
 
 def _leading_int(text: str) -> int:
@@ -393,26 +405,44 @@ def _gpus_in(gres: Sequence[str]) -> int:
     return 0
 
 
-_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(?:(\d+):)?(\d+)$")
+# Slurm's durations, as sbatch takes them and Slurm prints them: M, M:S, H:M:S, D-H, D-H:M,
+# D-H:M:S (the leading field of any size, the others within their unit).
+_LEAD = "([0-9]{1,9})"
+_PART = "([0-9]{1,2})"
+_DURATION_FORMS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.ASCII), units)
+    for pattern, units in (
+        (_LEAD, "m"),
+        (f"{_LEAD}:{_PART}", "ms"),
+        (f"{_PART}:{_PART}:{_PART}", "hms"),
+        (f"{_LEAD}-{_PART}", "dh"),
+        (f"{_LEAD}-{_PART}:{_PART}", "dhm"),
+        (f"{_LEAD}-{_PART}:{_PART}:{_PART}", "dhms"),
+    )
+)
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_UNIT_LIMIT = {"h": 24, "m": 60, "s": 60}
 
 
 def parse_duration(text: str) -> int | None:
-    """Seconds in a duration as Slurm prints it (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``)."""
+    """Seconds in a Slurm duration (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``, a bare number of
+    minutes, ``D-H``, ``D-H:M``); None for anything else (UNLIMITED, NOT_SET, INVALID, N/A)."""
     text = text.strip()
-    if text.isdigit():  # a bare number is minutes to Slurm (sacct -c prints limits so)
-        return int(text) * 60
-    match = _DURATION.match(text)
-    if not match:
-        return None  # UNLIMITED, NOT_SET, INVALID, N/A
-    days, a, b, c = match.groups()
-    fields = [int(x) for x in (a, b, c) if x is not None]
-    while len(fields) < 3:
-        fields.insert(0, 0)
-    hours, minutes, seconds = fields
-    if days is not None and b is None and a is not None:
-        # "D-HH:MM" is not printed by Slurm; "D-HH:MM:SS" is. Keep the common reading.
-        hours, minutes, seconds = fields[1], fields[2], 0
-    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    for pattern, units in _DURATION_FORMS:
+        match = pattern.fullmatch(text)
+        if match:
+            return _sum_units(units, [int(group) for group in match.groups()])
+    return None
+
+
+def _sum_units(units: str, numbers: list[int]) -> int | None:
+    total = 0
+    for index, (unit, number) in enumerate(zip(units, numbers, strict=True)):
+        bounded = index > 0 or unit == "h"
+        if bounded and number >= _UNIT_LIMIT[unit]:
+            return None
+        total += number * _UNIT_SECONDS[unit]
+    return total
 
 
 def parse_timestamp(text: str) -> datetime | None:

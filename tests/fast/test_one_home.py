@@ -1,36 +1,23 @@
-"""Each setting and operation is declared once: what is derived stays derived, and what cannot
-be derived (the bootstrap is a separate stdlib-only program) is pinned equal here."""
+"""Each setting and operation is declared once: what is derived stays derived. What the client
+and the bootstrap (a separate stdlib-only program) share is declared in ``bootstrap/jsr_wire.py``
+and imported by both."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import re
-import sys
-from pathlib import Path
 
-import pytest
-
-import jupyter_slurm_ray
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SPEC_SETTINGS, SlurmRay
 from jupyter_slurm_ray.job.directory import bootstrap_settings
 from jupyter_slurm_ray.spec import FIELD_NAMES, ClusterSpec
 from jupyter_slurm_ray.ui.magic_args import _SPEC_OPTIONS, parse
 
-BOOTSTRAP = Path(jupyter_slurm_ray.__file__).parent / "bootstrap"
+from ..helpers.bootstrap import bootstrap_module
+
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ClusterSpec)}
-
-
-@pytest.fixture(scope="module")
-def bootstrap_config():
-    sys.path.insert(0, str(BOOTSTRAP))
-    try:
-        import jsr_base
-
-        yield jsr_base.Config
-    finally:
-        sys.path.remove(str(BOOTSTRAP))
 
 
 def test_every_cluster_setting_is_a_trait_with_the_fields_help():
@@ -46,21 +33,21 @@ def test_the_magics_options_are_spec_fields_with_the_fields_help():
     assert {field for _, field in _SPEC_OPTIONS} <= set(FIELD_NAMES)
 
 
-def test_the_bootstrap_reads_every_setting_the_client_writes_with_the_same_defaults(
-    bootstrap_config,
-):
-    written = bootstrap_settings(ClusterSpec(), "abcd-0001")
-    read = {f.name: f for f in dataclasses.fields(bootstrap_config)}
-    assert set(written) == set(read)
-    defaults = bootstrap_config(cluster_id="abcd-0001")
-    spec = ClusterSpec()
-    for name in set(read) & set(FIELD_NAMES):
-        ours = getattr(spec, name)
-        theirs = getattr(defaults, name)
-        if isinstance(ours, tuple) and name != "port_range":
-            ours = dict(ours) if name == "env" else list(ours)
-        assert theirs == ours, name
-    assert defaults.lock_dir == spec.port_lock_dir
+def test_the_bootstrap_reads_back_every_setting_the_client_writes(tmp_path):
+    spec = ClusterSpec(
+        mode="here", here_nodes="node[1-2]", nodes=2, cpus_per_node=3, here_kernel_tasks=False,
+        port_strategy="fixed", fixed_port_base=30000, port_range=(30000, 30999),
+        worker_ports=16, network_interface="ib0", ray_start_args=("--verbose",),
+        env={"A": "1"}, object_store_memory="1G", idle_timeout=60, start_timeout=90,
+        port_lock_dir="/var/lock/ports", container="/img.sif", container_runtime="apptainer",
+        walltime_warning=300,
+    )  # fmt: skip
+    written = bootstrap_settings(spec, "abcd-0001")
+    path = tmp_path / "bootstrap.json"
+    path.write_text(json.dumps(written))
+    read = bootstrap_module("jsr_base").Config.load(path)
+    assert dataclasses.asdict(read) == written
+    assert read.here_hosts == ["node1", "node2"] and read.lock_dir == "/var/lock/ports"
 
 
 def test_every_coroutine_of_a_cluster_has_its_blocking_twin_declared_and_listed():

@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.bootstrap.jsr_wire import group_resource
 from jupyter_slurm_ray.elastic.adapt import recent_decisions
-from jupyter_slurm_ray.elastic.groups import (
-    group_names,
-    group_resource,
-    group_spec,
-    parse_group_option,
-)
+from jupyter_slurm_ray.elastic.groups import group_names, group_spec, parse_group_option
 from jupyter_slurm_ray.elastic.rotation import due_for_rotation, replaced_and_joined
 from jupyter_slurm_ray.elastic.workerjob import WorkerJob
 from jupyter_slurm_ray.elastic.workerjobs import WorkerJobs

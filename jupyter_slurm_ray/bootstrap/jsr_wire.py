@@ -1,0 +1,193 @@
+"""The words the client and the bootstrap exchange, declared once: the job dir's files, the
+program's command line, the variables of the job's environment, ``bootstrap.json``'s settings
+(names, values allowed, defaults), the Ray resources of a node, and the events of
+``events.jsonl`` (names, phases, roles) with the driver's line to its kernel.
+
+Standard library only, importing no other bootstrap module: the bootstrap imports it top-level
+from the job dir (``from jsr_wire import …``), the package as
+``jupyter_slurm_ray.bootstrap.jsr_wire``. ``__main__.HELP`` tells what each word means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ----------------------------------------------------------------------------- the job dir
+
+PROGRAM_DIR = "bootstrap"  # this program, run as ``python JOB_DIR/bootstrap RUN JOB_DIR``
+SITE_PATH = "sitepath"  # its subdirectory first on the PYTHONPATH of Ray's processes
+SETTINGS_FILE = "bootstrap.json"  # Settings, written by the client
+TOKEN_FILE = "ray_token"  # the cluster's Ray token (RAY_AUTH_TOKEN_PATH)
+LEASE_FILE = "lease"  # rewritten by the owner
+DETACHED_FILE = "detached"  # present: the lease does not apply
+EVENTS_FILE = "events.jsonl"  # one JSON object per line (Event)
+HEAD_FILE = "head.json"  # the head's address and ports, for the workers
+CONNECTION_FILE = "connection.json"  # what a client needs to connect
+PACK_FILE = "env-pack"  # the environment pack's archive and hash, for the worker jobs
+LOGS_DIR = "logs"
+
+
+def drain_file(job_id: str) -> str:
+    """The file by which the owner asks worker job ``job_id`` to drain (holds the timeout)."""
+    return f"drain-{job_id}"
+
+
+def ray_log(role: str, host: str) -> str:
+    """The name (in LOGS_DIR) of the Ray log of a node of ``role`` (Role) on ``host``."""
+    return f"ray-{role}-{host}.log"
+
+
+class Run:
+    """What ``python JOB_DIR/bootstrap RUN JOB_DIR`` runs."""
+
+    HEAD = "head"  # the job's batch step on its first node
+    WORKER = "worker"  # a task of the head's worker step
+    WORKER_JOB = "workerjob"  # a worker job's batch step
+    DRIVER = "driver"  # a notebook kernel's host, as the kernel's child
+
+
+# ----------------------------------------------------------------------------- the environment
+
+JOB_ID_VARIABLE = "JSR_JOB_ID"  # mode 'here': the id of the cluster's steps (not SLURM_JOB_ID)
+LOCAL_MODE_VARIABLE = "JSR_LOCAL_MODE"  # "1": local mode (no srun, no scontrol)
+PACK_VARIABLE = "JSR_ENV_PACK"  # the environment pack's archive
+PACK_SHA256_VARIABLE = "JSR_ENV_PACK_SHA256"  # ... and the sha256 its content must have
+GROUP_VARIABLE = "JSR_WORKER_GROUP"  # a worker job's group (its node's Ray resource)
+
+# ----------------------------------------------------------------------------- Ray resources
+
+NODE_RESOURCE = "slurm_ray_node"  # every node of the cluster's jobs (not a driver's)
+
+
+def group_resource(group: str) -> str:
+    """The Ray resource of the nodes of worker group ``group``."""
+    return f"group:{group}"
+
+
+# ----------------------------------------------------------------------------- bootstrap.json
+
+PORT_STRATEGIES = ("random", "fixed", "hash_jobid")
+CONTAINER_RUNTIMES = ("apptainer", "singularity", "charliecloud")  # in the order 'auto' tries
+# The ports of a node's block, in order; the worker ports follow (Ray's GCS and agents take
+# kernel-assigned ports).
+PORT_NAMES = (
+    "node_manager",
+    "object_manager",
+    "client",
+    "dashboard",
+    "autoscaler_metrics",
+    "dashboard_metrics",
+)
+
+
+@dataclass
+class Settings:
+    """``bootstrap.json``: what the bootstrap needs of the cluster's settings. The client
+    writes every field (``job/directory.py``); ``ClusterSpec`` takes these defaults for its
+    settings of the same name, so a file written by hand means what the client would write."""
+
+    cluster_id: str
+    nodes: int = 1
+    port_strategy: str = "random"  # one of PORT_STRATEGIES
+    port_range: tuple[int, int] = (20000, 29999)
+    fixed_port_base: int | None = None
+    worker_ports: int = 64
+    network_interface: str | None = None
+    node_ip_address_command: str | None = None
+    ray_start_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    object_store_memory: int | None = None
+    idle_timeout: float = 300.0
+    start_timeout: float = 300.0
+    lock_dir: str | None = None  # ClusterSpec.port_lock_dir
+    container: str | None = None  # image Ray runs in
+    container_runtime: str = "auto"  # 'auto' or one of CONTAINER_RUNTIMES
+    # mode 'here' (steps of the kernel's own allocation): its nodes, the head first (the
+    # worker step runs on the others); empty: a job of its own (every other node of the job)
+    here_hosts: list[str] = field(default_factory=list)
+    cpus_per_node: int | None = None  # mode 'here': each step's CPUs
+    here_kernel_tasks: bool = True  # mode 'here': whether the head (the kernel's node) runs tasks
+    walltime_warning: int = 120  # s before the allocation's end (mode 'here': asked of Slurm)
+
+
+# ----------------------------------------------------------------------------- events.jsonl
+
+WORKER_JOB_FIELD = "worker_job"  # in every event of a worker job: its Slurm job id
+
+
+class Event:
+    """The ``event`` of a line of ``events.jsonl``."""
+
+    # the bootstrap's (role head, worker or driver)
+    PHASE = "phase"  # with ``phase`` (Phase)
+    OWNER_GONE = "owner_gone"
+    PORT_LOCK_UNAVAILABLE = "port_lock_unavailable"
+    PORTS_RETRY = "ports_retry"
+    IMPORT_RAY = "import_ray"
+    NODES = "nodes"
+    NODE_LOST = "node_lost"
+    HEAD_READY = "head_ready"
+    READY = "ready"
+    ENV_PACK = "env_pack"
+    ENV_PACK_REPLACED = "env_pack_replaced"
+    WALLTIME_WARNING = "walltime_warning"
+    LEASE_STALE = "lease_stale"
+    ERROR = "error"
+    STOPPED = "stopped"
+    WORKER_STARTING = "worker_starting"
+    WORKER_JOINED = "worker_joined"
+    WORKER_RETRY = "worker_retry"
+    WORKER_STOPPED = "worker_stopped"
+    # a worker job's
+    WORKER_JOB_STARTED = "worker_job_started"
+    HEAD_GONE = "head_gone"
+    WORKER_LEAVING = "worker_leaving"
+    WORKER_DRAINING = "worker_draining"
+    WORKER_DRAIN_FAILED = "worker_drain_failed"
+    # a driver's (the worker's events under its own names)
+    DRIVER_STARTING = "driver_starting"
+    DRIVER_JOINED = "driver_joined"
+    DRIVER_RETRY = "driver_retry"
+    DRIVER_STOPPED = "driver_stopped"
+    DRIVER_FAILED = "driver_failed"
+    # the clients' (role client)
+    STOP_REQUESTED = "stop_requested"  # before the scancel of a down
+    SCALE_REQUEST = "scale_request"  # another process asks the owner to scale
+    ADAPT_REQUEST = "adapt_request"  # ... to adapt (or to stop adapting)
+    SCALED = "scaled"
+    SCALE_REFUSED = "scale_refused"
+    ADAPT = "adapt"
+    ROTATED = "rotated"
+    ROTATION_FAILED = "rotation_failed"
+
+
+class Phase:
+    """The ``phase`` of a ``phase`` event: the head's steps."""
+
+    BOOTSTRAP = "bootstrap"
+    WORKERS_STARTING = "workers_starting"
+    PORTS = "ports"
+    HEAD_STARTING = "head_starting"
+    HEAD_UP = "head_up"
+    WAITING_FOR_NODES = "waiting_for_nodes"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class Role:
+    """The ``role`` of an event: who wrote it."""
+
+    HEAD = "head"
+    WORKER = "worker"  # a worker of the head's allocation, or a worker job
+    DRIVER = "driver"
+    CLIENT = "client"  # a kernel, the CLI or the server
+
+
+class DriverLine:
+    """The one-line JSON objects a driver prints for its kernel: ``{DriverLine.KEY: state, …}``."""
+
+    KEY = "driver"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
