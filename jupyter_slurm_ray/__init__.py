@@ -66,8 +66,10 @@ def _status_line(status: Any) -> str:
 
 
 def _progress_bar(what: str, total: int) -> Any:
-    from .ui.live import progress_bar
-
+    try:
+        from .ui.live import progress_bar
+    except ImportError:  # no ipywidgets (a plain Python process): the caller's text progress
+        return None
     return progress_bar(what, total)
 
 

@@ -555,7 +555,7 @@ def test_a_squatted_user_temp_dir_is_passed_over() -> None:
     names = [Path(f"/tmp/jsr-{bob}")] + [Path(f"/tmp/jsr-{bob}-{n}") for n in range(1, 8)]
     code = Path(tempfile.mkdtemp(prefix="jsr-probe-", dir="/tmp"))  # bob can read it
     code.chmod(0o755)
-    for module in ("trust.py", "acls.py", "jsr_base.py"):
+    for module in ("trust.py", "acls.py", "jsr_base.py", "jsr_wire.py"):
         shutil.copy(BOOTSTRAP_DIR / module, code / module)
         (code / module).chmod(0o644)
     aside = {name: name.with_name(f"{name.name}.aside") for name in names if name.exists()}

@@ -328,3 +328,11 @@ async def test_a_pack_that_arrives_different_is_removed_and_refused(tmp_path, mo
         await packs.ship_pack(elsewhere, env, str(tmp_path / "jobs"))
     assert not Path(packs.remote_archive(env, str(tmp_path / "jobs"))).exists()
     assert "run up again" in str(error.value)
+
+
+def test_without_ipywidgets_the_progress_is_text(monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # a process without the UI's pieces
+    monkeypatch.delitem(sys.modules, "jupyter_slurm_ray.ui.live", raising=False)
+    report = packs.progress_display("sending pack.tar.gz", 10_000_000)
+    report(10_000_000, 10_000_000)
+    assert "sending pack.tar.gz: 10 / 10 MB" in capsys.readouterr().err
