@@ -265,8 +265,9 @@ async def test_rest_fills_in_the_configured_adapt_settings(
 
 
 async def test_the_magics_cluster_adapts_with_the_kernels_configured_settings(
-    make_cluster, slurm, transport
+    make_cluster, slurm, transport, monkeypatch
 ):
+    monkeypatch.setattr(Adapter, "start", lambda self: None)  # the settings, not the loop
     config = SlurmRay(adapt_idle_timeout=45.0, adapt_max_pending=3)
     made = Session(config).new_cluster(ClusterSpec(time="10"))
     assert made.adapt_defaults() == {"idle_timeout": 45.0, "max_pending": 3}
