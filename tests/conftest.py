@@ -26,6 +26,15 @@ settings.register_profile("jupyter-slurm-ray", database=None)
 settings.load_profile("jupyter-slurm-ray")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (scripts/run-tests) a test module is one group unless its
+    tests name another: the module's shared clusters and servers start once, on one worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Testbed:
     found = testbed_from_environment()

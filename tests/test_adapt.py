@@ -37,7 +37,7 @@ from .helpers.jobs import accounted_jobs, in_queue, jobs_with_comment, queue_sta
 from .helpers.testbed import USER, runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]  # whole nodes
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
 IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it

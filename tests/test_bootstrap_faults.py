@@ -44,6 +44,10 @@ from .helpers.faults import record_figure
 from .helpers.jobs import queue_state
 from .helpers.testbed import USER
 
+# One worker runs every test where bob squats ports or holds the nodes' shared port lock: two
+# such tests at once would each see the other's bob.
+pytestmark = pytest.mark.xdist_group("bob-squats-ports")
+
 trust = bootstrap_module("trust")
 portlock = bootstrap_module("portlock")
 portblock = bootstrap_module("portblock")

@@ -37,6 +37,10 @@ from .helpers.bootstrap import (
 )
 from .helpers.faults import record_figure
 
+# One worker runs every test where bob squats ports or holds the nodes' shared port lock: two
+# such tests at once would each see the other's bob.
+pytestmark = pytest.mark.xdist_group("bob-squats-ports")
+
 portblock = bootstrap_module("portblock")
 
 BOB = "bob"

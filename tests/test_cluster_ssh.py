@@ -47,6 +47,7 @@ def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_
     wait_until_nothing_left(seen["job_id"], seen["job_dir"])
 
 
+@pytest.mark.exclusive  # every sshd session of the user ends
 def test_an_ssh_drop_mid_task_keeps_the_forwards_and_the_lease_and_leaks_no_token(
     tmp_path, testbed
 ):

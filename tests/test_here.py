@@ -28,7 +28,7 @@ from .helpers.paths import REPO, VENV_ACTIVATE, VENV_PYTHON
 from .helpers.testbed import USER
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]  # every CPU
 
 KERNEL = REPO / "tests" / "resources" / "kernel_here.py"
 NOTEBOOK_JOB = """#!/bin/bash

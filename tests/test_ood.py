@@ -37,7 +37,8 @@ from .helpers.jobs import in_queue
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+# one worker runs the hub's and OOD's tests: they share the login node's web front ends
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.xdist_group("hub-and-ood")]
 
 API = "slurm-ray/api/clusters"
 IDLE = 20.0

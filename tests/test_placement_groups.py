@@ -47,7 +47,7 @@ from .helpers.paths import ARTIFACTS, VENV_ACTIVATE, VENV_PYTHON
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]  # every GPU
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
 GPU_NODE = dict(cpus_per_node=1, gpus_per_node=2)  # a testbed node's 2 fake GPUs, 1 of its CPUs

@@ -25,7 +25,7 @@ from .helpers.jobs import queue_state
 from .helpers.testbed import USER, runuser
 from .helpers.waiting import wait_for
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.exclusive]  # bob holds every node
 
 QUEUE_WAIT = 120.0  # other tests' jobs may still hold a node for a moment
 

@@ -145,6 +145,7 @@ def test_delete_stops_the_cluster(server, cluster):
     assert gone.status_code == 503 and "STOPPED" in gone.text
 
 
+@pytest.mark.exclusive  # compares the user's whole queue
 def test_post_that_slurm_refuses_is_a_400_with_slurms_words(server, testbed):
     before = _jobs_of(testbed.user)
     response = server.request("POST", API, json={"profile": "tiny", "partition": "nosuch"})

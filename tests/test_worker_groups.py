@@ -21,7 +21,8 @@ from .helpers.jobs import in_queue, jobs_with_comment
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+# exclusive: the rotation must find a CPU for the replacement before the 2-minute job ends
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]
 
 QUEUE_WAIT = 300  # other tests may hold nodes
 

@@ -31,6 +31,11 @@ class Testbed:
     def key(self, user: str) -> str:
         return self.keys[user]
 
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """``node1`` … ``nodeN``, as scripts/testbed names its compute nodes."""
+        return tuple(f"node{i}" for i in range(1, self.nodes + 1))
+
 
 def testbed_from_environment() -> Testbed | None:
     """The testbed ``scripts/testbed exec`` describes in ``JSR_*`` variables; None outside."""
