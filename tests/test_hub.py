@@ -39,7 +39,7 @@ from .helpers.waiting import wait_for
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 API = "slurm-ray/api/clusters"
-IDLE = 20.0  # the cluster's idle_timeout: its lease goes stale 20 s after its owner
+IDLE = 20.0  # the cluster's owner_timeout: its lease goes stale 20 s after its owner
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def cluster(alice: HubUser) -> Iterator[dict[str, Any]]:
     created = alice.call(
         "POST",
         API,
-        json={"name": "hubtest", "nodes": 2, "time": "0:20:00", "idle_timeout": IDLE},
+        json={"name": "hubtest", "nodes": 2, "time": "0:20:00", "owner_timeout": IDLE},
     )
     assert created.status_code == 201, (created.status_code, created.text[:2000])
     view = created.json()
@@ -195,5 +195,5 @@ def test_stop_my_server_ends_alices_cluster_within_its_lease_nothing_left(alice,
     record_figure(
         "Stop My Server in JupyterHub",
         cluster_gone_after_s=round(gone_after, 1),
-        idle_timeout_s=IDLE,
+        owner_timeout_s=IDLE,
     )
