@@ -148,7 +148,7 @@ def one_run(mode: str | None, work: Path, options: argparse.Namespace, index: in
         setup=setup,
         object_store_memory=options.object_store,
         start_timeout=180,
-        idle_timeout=60,
+        owner_timeout=60,
     )
     if mode is not None:
         settings["connect"] = mode

@@ -43,7 +43,7 @@ async def steady_clusters(
     for i in range(count):
         state = root / ("state" if shared else f"state-{i}")
         cluster = SlurmRayCluster(
-            ClusterSpec(time="60", job_dir_root=str(jobs), idle_timeout=600),
+            ClusterSpec(time="60", job_dir_root=str(jobs), owner_timeout=600),
             FakeTransport(slurm),
             registry=Registry(state),
             poll_interval=1.0,

@@ -124,7 +124,7 @@ class SlurmRayCluster:
         self.steady_poll_interval = steady_poll_interval  # ... and this often once up
         self.submit_timeout = submit_timeout
         self.job_dir: str | None = None
-        self.ownership = Ownership(self.id, self.registry, spec.idle_timeout, process=process)
+        self.ownership = Ownership(self.id, self.registry, spec.owner_timeout, process=process)
         self.ownership.on_displaced = self._displaced
         self.ownership.on_change = self._update_state
         self._following = False  # subscribed to the job watcher
@@ -242,7 +242,7 @@ class SlurmRayCluster:
         ``transport`` comes from this process's configuration (``targets.Transports``),
         never from the record.
         """
-        spec = ClusterSpec.from_mapping(record.spec) if record.spec else ClusterSpec()
+        spec = ClusterSpec.from_mapping(record.spec, stored=True) if record.spec else ClusterSpec()
         cluster = cls(
             spec,
             transport,
@@ -455,7 +455,7 @@ class SlurmRayCluster:
         """Disconnect, cancel the job, and wait until Slurm says it ended.
 
         The lease is released first: should Slurm not answer the cancel, the cluster still
-        stops itself once its lease is stale (``idle_timeout``).
+        stops itself once its lease is stale (``owner_timeout``).
         """
         await self.elastic.stop_adapting()
         await self.disconnect_async()
@@ -473,7 +473,7 @@ class SlurmRayCluster:
         except SlurmUnavailable as exc:
             self._stop_notice = (
                 f"Slurm did not take the cancel ({exc}); the cluster stops by itself within "
-                f"{self.spec.idle_timeout:g} s, as its lease is no longer renewed"
+                f"{self.spec.owner_timeout:g} s, as its lease is no longer renewed"
             )
             log.warning("%s: %s", self.spec.name, self._stop_notice)
             self._update_state()

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from traitlets import (
     TraitType,
     Unicode,
     Union,
+    observe,
     validate,
 )
 from traitlets.config import Configurable
@@ -35,7 +37,7 @@ from traitlets.traitlets import MetaHasTraits
 
 from .elastic.policy import ADAPT_OPTIONS
 from .errors import SpecError
-from .spec import FIELD_NAMES, ClusterSpec, resolve
+from .spec import FIELD_NAMES, FORMER_NAMES, ClusterSpec, resolve
 from .transport import LocalTransport, SSHTransport, Transport
 
 if sys.version_info >= (3, 11):
@@ -95,6 +97,30 @@ def _valid_spec_setting(self: Configurable, proposal: Any) -> Any:
     return value
 
 
+# A setting's former name is a trait too, checked as the setting is: it warns
+# (DeprecationWarning) and sets the setting; a configuration must not give both names.
+def _valid_former_setting(self: Configurable, proposal: Any) -> Any:
+    former, value = proposal["trait"].name, proposal["value"]
+    if value is not None:
+        try:
+            _SPEC_FIELDS[FORMER_NAMES[former]].metadata["check"](former, value)
+        except SpecError as exc:
+            raise TraitError(str(exc)) from None
+    return value
+
+
+def _set_by_former_name(self: Configurable, change: Any) -> None:
+    former, value = change["name"], change["new"]
+    if value is not None:
+        name = FORMER_NAMES[former]
+        warnings.warn(
+            f"SlurmRay.{former} is now named SlurmRay.{name}; {former} is deprecated",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        setattr(self, name, value)
+
+
 # The ClusterSpec fields a site or user may preset, one trait each, made from the field's own
 # declaration in spec.py (its kind, help and check): a setting is declared once.
 _ClusterSettings: Any = MetaHasTraits(
@@ -107,6 +133,16 @@ _ClusterSettings: Any = MetaHasTraits(
         **{
             name: _trait(_SPEC_FIELDS[name].metadata["kind"], _SPEC_FIELDS[name].metadata["help"])
             for name in SPEC_SETTINGS
+        },
+        # former names of cluster settings: deprecated, each sets its setting
+        "_valid_former_setting": validate(*FORMER_NAMES)(_valid_former_setting),
+        "_set_by_former_name": observe(*FORMER_NAMES)(_set_by_former_name),
+        **{
+            former: _trait(
+                _SPEC_FIELDS[name].metadata["kind"],
+                f"Deprecated: the former name of {name}, which it sets.",
+            )
+            for former, name in FORMER_NAMES.items()
         },
         # adapt's settings beside its bounds, from their declaration in elastic/policy.py
         **{
@@ -182,6 +218,19 @@ class SlurmRay(_ClusterSettings):
         "nodes that are cluster nodes; inside a Slurm job it may anyway.",
     )
 
+    def _load_config(self, cfg: Any, section_names: Any = None, traits: Any = None) -> None:
+        """Traitlets' loading of a configuration, refusing one that sets a cluster setting
+        under both its name and its former name (``FORMER_NAMES``)."""
+        mine = self._find_my_config(cfg)
+        for former, name in FORMER_NAMES.items():
+            if mine.get(former) is not None and mine.get(name) is not None:
+                raise TraitError(
+                    f"SlurmRay.{former} = {mine[former]!r} and SlurmRay.{name} = "
+                    f"{mine[name]!r}: {former} is the former name of {name}; set {name} only "
+                    f"(SlurmRay.{former} = None unsets it)"
+                )
+        super()._load_config(cfg, section_names, traits)
+
     @validate(*POSITIVE_SETTINGS)
     def _positive_seconds(self, proposal: Any) -> Any:
         value = proposal["value"]
@@ -204,7 +253,7 @@ class SlurmRay(_ClusterSettings):
 _OWN_TRAITS = {
     name: trait
     for name, trait in SlurmRay.class_traits(config=True).items()
-    if name not in SPEC_SETTINGS
+    if name not in SPEC_SETTINGS and name not in FORMER_NAMES
 }
 _FLOATS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Float))
 _INTS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Int))
@@ -322,7 +371,7 @@ def _profile(path: Path, name: str, table: Any) -> Profile:
     settings = dict(table)
     description = settings.pop("description", "")
     for key, value in settings.items():
-        if key.replace("-", "_") not in SPEC_SETTINGS:
+        if key.replace("-", "_") not in (*SPEC_SETTINGS, *FORMER_NAMES):
             allowed = f"a cluster setting: {', '.join(SPEC_SETTINGS)} (or description)"
             raise SpecError(f"{where}: {key}", value, allowed)
     return Profile(name, settings, str(description))
@@ -363,8 +412,12 @@ def resolve_spec(
             value = getattr(config, name)
             if value is not None:
                 layers.append((f"config SlurmRay.{name}", {name: value}))
-    for name, (source, value) in _environment_settings(environ).items():
-        if name in SPEC_SETTINGS:
+    found = _environment_settings(environ)
+    for name, (source, value) in found.items():
+        if name in FORMER_NAMES and FORMER_NAMES[name] in found:
+            allowed = f"unset: it is the former name of {env_name(FORMER_NAMES[name])}, also set"
+            raise SpecError(env_name(name), value, allowed)
+        if name in SPEC_SETTINGS or name in FORMER_NAMES:  # a former name warns (spec.py)
             layers.append((source, {name: value}))
     if profile is None:
         profile, _ = effective_setting("default_profile", config, environ)

@@ -4,7 +4,7 @@ The lease is about the owner, not about Slurm: it is renewed whatever Slurm answ
 or restarting controller never ends a cluster whose owner is alive), and it stops being
 renewed when the owner is gone, asks the cluster to stop, or finds that another process took
 the cluster over (a newer ``term`` in the lease or the record; see ``ownership.py``). The
-bootstrap stops Ray once the lease has not changed for ``idle_timeout`` seconds (by its own
+bootstrap stops Ray once the lease has not changed for ``owner_timeout`` seconds (by its own
 clock), and refuses to start Ray at all when the lease is already stale when the job begins.
 
 The file names its owner: ``{"pid", "host", "started", "term", "seq", "t", "renew_every"}``
@@ -33,9 +33,9 @@ FRESH_RENEWALS = 3
 FRESH_SLACK = 5.0
 
 
-def renew_interval(idle_timeout: float) -> float:
-    """Seconds between renewals: several per idle_timeout, between 1 and 10 s."""
-    return max(1.0, min(10.0, idle_timeout / 4))
+def renew_interval(owner_timeout: float) -> float:
+    """Seconds between renewals: several per owner_timeout, between 1 and 10 s."""
+    return max(1.0, min(10.0, owner_timeout / 4))
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,15 @@ class LeaseSeen:
     def age(self, now: float | None = None) -> float | None:
         return None if self.t is None else max(0.0, (time.time() if now is None else now) - self.t)
 
-    def fresh(self, idle_timeout: float, now: float | None = None) -> bool:
+    def fresh(self, owner_timeout: float, now: float | None = None) -> bool:
         """Renewed recently enough that its owner still keeps it: within a few renewals (and
-        never longer than ``idle_timeout``, after which the job stops anyway). Judged on this
+        never longer than ``owner_timeout``, after which the job stops anyway). Judged on this
         host's clock against the owner's: a few seconds of skew between hosts are tolerated."""
         age = self.age(now)
         if age is None:
             return False
-        every = self.renew_every or renew_interval(idle_timeout)
-        return age <= min(idle_timeout, FRESH_RENEWALS * every + FRESH_SLACK)
+        every = self.renew_every or renew_interval(owner_timeout)
+        return age <= min(owner_timeout, FRESH_RENEWALS * every + FRESH_SLACK)
 
     @classmethod
     def parse(cls, text: str | None) -> LeaseSeen | None:
@@ -88,8 +88,8 @@ class Lease:
     """The lease of one cluster as its owner writes it; :meth:`keep` renews it until
     :meth:`release` (or until ``still_owner`` says another process owns the cluster)."""
 
-    def __init__(self, idle_timeout: float, owner: ProcessIdentity | None = None) -> None:
-        self.interval = renew_interval(idle_timeout)
+    def __init__(self, owner_timeout: float, owner: ProcessIdentity | None = None) -> None:
+        self.interval = renew_interval(owner_timeout)
         self.owner = owner or this_process()
         self.term = 0  # one more at every change of owner (ownership.py)
         self.seq = 0

@@ -89,20 +89,20 @@ async def read_lease(job_dir: JobDir) -> LeaseSeen | None:
 
 
 async def live_owner(
-    job_dir: JobDir, record: ClusterRecord, idle_timeout: float
+    job_dir: JobDir, record: ClusterRecord, owner_timeout: float
 ) -> ProcessIdentity | None:
     """The process that owns the cluster now (by its lease and its record), if it lives."""
     claim = newest_claim(await read_lease(job_dir), record)
-    return claim.process if claim is not None and claim_alive(claim, idle_timeout) else None
+    return claim.process if claim is not None and claim_alive(claim, owner_timeout) else None
 
 
-def claim_alive(claim: Claim, idle_timeout: float) -> bool:
+def claim_alive(claim: Claim, owner_timeout: float) -> bool:
     """The claimant still owns the cluster: its lease is fresh and, on its own host, its
     process runs. A claim only the record makes (the lease unreadable, or older) is judged
     by its process; one that cannot be judged from here counts as alive."""
     alive = claim.process.alive is not False
     if claim.lease is not None:
-        return alive and claim.lease.fresh(idle_timeout)
+        return alive and claim.lease.fresh(owner_timeout)
     return alive
 
 
@@ -117,15 +117,15 @@ class Ownership:
         self,
         cluster_id: str,
         registry: Registry,
-        idle_timeout: float,
+        owner_timeout: float,
         *,
         process: ProcessIdentity | None = None,
     ) -> None:
         self.cluster_id = cluster_id
         self.registry = registry
-        self.idle_timeout = idle_timeout
+        self.owner_timeout = owner_timeout
         self.me = process or this_process()
-        self.lease = Lease(idle_timeout, self.me)
+        self.lease = Lease(owner_timeout, self.me)
         self.role = Role.NONE
         self.owner: ProcessIdentity | None = None  # who owns the cluster, as last seen
         self.owner_alive = True
@@ -209,7 +209,7 @@ class Ownership:
         claim = newest_claim(lease, record)
         if claim is not None and claim.process.same_as(self.me):
             self.become_owner(claim.term)
-        elif claim is None or takeover or not claim_alive(claim, self.idle_timeout):
+        elif claim is None or takeover or not claim_alive(claim, self.owner_timeout):
             term = max(lease.term if lease else 0, record.owner_term if record else 0) + 1
             self.become_owner(term)
             if claim is not None:
@@ -371,7 +371,7 @@ class Ownership:
                 continue
             if claim is None or self.role is not Role.OBSERVER:
                 continue
-            alive = claim_alive(claim, self.idle_timeout)
+            alive = claim_alive(claim, self.owner_timeout)
             if not claim.process.same_as(self.owner) or alive != self.owner_alive:
                 self.owner, self.owner_alive = claim.process, alive
                 self.on_change()

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .bootstrap.jsr_wire import CONTAINER_RUNTIMES, PORT_NAMES, PORT_STRATEGIES, Settings
+from .bootstrap.jsr_wire import (
+    CONTAINER_RUNTIMES,
+    FORMER_NAMES,
+    PORT_NAMES,
+    PORT_STRATEGIES,
+    Settings,
+)
 from .elastic.groups import checked_groups, group_spec
 from .errors import SpecError
 from .job.checks import (
@@ -47,6 +55,7 @@ from .job.checks import (
 
 __all__ = [
     "FIELD_NAMES",
+    "FORMER_NAMES",
     "HERE_IGNORED",
     "MEMORY_ALLOWED",
     "NAMED_RAY_PORTS",
@@ -292,11 +301,12 @@ class ClusterSpec:
         "text_or_int",
         "Object store size per node: bytes or a size like 2G.",
     )
-    idle_timeout: float = _setting(
-        _BOOTSTRAP.idle_timeout,
+    owner_timeout: float = _setting(
+        _BOOTSTRAP.owner_timeout,
         seconds(5, 604800),
         "float",
-        "Seconds without the owning kernel before the cluster stops itself.",
+        "Seconds the owner's lease counts: this long without the owning kernel (or process), "
+        "the cluster stops itself (formerly idle_timeout).",
     )
     start_timeout: float = _setting(
         _BOOTSTRAP.start_timeout,
@@ -383,6 +393,7 @@ class ClusterSpec:
 
     def replace(self, **changes: Any) -> ClusterSpec:
         """A copy with some fields changed, validated again."""
+        changes = _current_names(changes, stacklevel=3)
         for key, value in changes.items():
             _field_name(key, value)
         return dataclasses.replace(self, **changes)
@@ -400,12 +411,29 @@ class ClusterSpec:
         return data
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> ClusterSpec:
-        """A spec from settings keyed by field name (`-` or `_`); None means the default."""
+    def from_mapping(cls, mapping: Mapping[str, Any], *, stored: bool = False) -> ClusterSpec:
+        """A spec from settings keyed by field name (`-` or `_`); None means the default.
+
+        A setting's former name (``FORMER_NAMES``) still works, with a DeprecationWarning;
+        ``stored``: the mapping is a registry record's, perhaps written before the rename, read
+        without a warning (a server reads its records on every poll)."""
         if not isinstance(mapping, Mapping):
             raise SpecError("settings", mapping, "a mapping of cluster settings")
-        return cls(**_settings_of(mapping))
+        return cls(**_settings_of(mapping, stored=stored))
 
+
+def _accepting_former_names(init: Any) -> Any:
+    """ClusterSpec's generated ``__init__``, taking a setting's former name as a keyword too
+    (with a DeprecationWarning): ``ClusterSpec(idle_timeout=60)`` means ``owner_timeout=60``."""
+
+    @functools.wraps(init)
+    def __init__(self: ClusterSpec, *args: Any, **settings: Any) -> None:
+        init(self, *args, **_current_names(settings, stacklevel=3))
+
+    return __init__
+
+
+setattr(ClusterSpec, "__init__", _accepting_former_names(ClusterSpec.__init__))  # noqa: B010
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ClusterSpec))
 #: What sbatch would be asked for, which a cluster in the kernel's own allocation (mode
@@ -455,10 +483,36 @@ def _field_name(key: object, value: object) -> str:
     return name
 
 
-def _settings_of(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    """The set (non-None) settings of one layer, keyed by field name."""
-    settings: dict[str, Any] = {}
+def _current_names(
+    mapping: Mapping[str, Any], *, stored: bool = False, stacklevel: int = 2
+) -> dict[str, Any]:
+    """``mapping`` with each setting's former name (``FORMER_NAMES``) replaced by its name now,
+    which a DeprecationWarning says unless the mapping is ``stored`` (a record written before
+    the rename); SpecError naming both when both are given. ``stacklevel``: whose line the
+    warning shows (1: this function, 2: its caller, …)."""
+    current = dict(mapping)
     for key, value in mapping.items():
+        former = key.replace("-", "_") if isinstance(key, str) else ""
+        name = FORMER_NAMES.get(former)
+        if name is None:
+            continue
+        if any(isinstance(k, str) and k.replace("-", "_") == name for k in mapping):
+            allowed = f"{former} is the former name of {name}; give {name} only, not both"
+            raise SpecError(former, value, allowed)
+        if not stored:
+            warnings.warn(
+                f"the cluster setting {former} is now named {name}; {former} is deprecated",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+        current[name] = current.pop(key)
+    return current
+
+
+def _settings_of(mapping: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
+    """The set (non-None) settings of one layer, keyed by field name (former names too)."""
+    settings: dict[str, Any] = {}
+    for key, value in _current_names(mapping, stored=stored, stacklevel=4).items():
         name = _field_name(key, value)
         if name in settings:
             raise SpecError(name, value, "each setting once (not with both - and _ spellings)")

@@ -62,7 +62,7 @@ print(json.dumps({"done": sorted(i for i, _ in done), "hosts": sorted({h for _, 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     registry = Registry(tmp_path_factory.mktemp("state"))
-    spec = cluster_spec(cpus_per_node=1, exclusive=True, idle_timeout=60)
+    spec = cluster_spec(cpus_per_node=1, exclusive=True, owner_timeout=60)
     cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
     cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
     yield cluster

@@ -150,8 +150,8 @@ def test_two_clusters_share_a_node(jobs: list[JobDir]) -> None:
 @pytest.mark.testbed
 @pytest.mark.ray
 def test_stale_lease_stops_the_cluster_unless_detached(jobs: list[JobDir]) -> None:
-    owned = JobDir.create(nodes=2, idle_timeout=8.0)
-    detached = JobDir.create(nodes=1, idle_timeout=8.0)
+    owned = JobDir.create(nodes=2, owner_timeout=8.0)
+    detached = JobDir.create(nodes=1, owner_timeout=8.0)
     detached.detach()
     jobs.extend([owned, detached])
     for job in (owned, detached):
@@ -168,7 +168,7 @@ def test_stale_lease_stops_the_cluster_unless_detached(jobs: list[JobDir]) -> No
     detached_ready = time.monotonic()
 
     stale = owned.wait_for_event(lambda e: e["event"] == "lease_stale", 20)
-    assert stale["idle_timeout"] == 8.0
+    assert stale["owner_timeout"] == 8.0
     assert time.monotonic() - last_beat >= 8
     wait_until_gone(owned.job_id, 10)
     assert [e for e in owned.events() if e["event"] == "stopped"][-1]["reason"] == "lease_stale"

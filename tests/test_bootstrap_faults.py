@@ -223,11 +223,11 @@ def slurm_elapsed(job_id: str) -> int | None:
 @pytest.mark.testbed
 @pytest.mark.ray
 def test_a_job_whose_owner_is_gone_never_starts_ray(jobs: list[JobDir]) -> None:
-    left_long_ago = JobDir.create(nodes=2, idle_timeout=300.0)
+    left_long_ago = JobDir.create(nodes=2, owner_timeout=300.0)
     renewed = time.time() - 3 * 3600 - 725
     left_long_ago.lease(lease_json(renewed, seq=812, renew_every=2.0))
     lease_written(left_long_ago, renewed + 0.01)
-    old_format = JobDir.create(nodes=1, idle_timeout=8.0)
+    old_format = JobDir.create(nodes=1, owner_timeout=8.0)
     old_format.lease("4242 17\n")  # no time in it: 7 s without a change tell
     jobs += [left_long_ago, old_format]
     started_file = "script-started"  # the job script's first act, before its setup lines
@@ -256,7 +256,7 @@ def test_a_job_whose_owner_is_gone_never_starts_ray(jobs: list[JobDir]) -> None:
     assert 3 * 3600 + 725 <= gone["lease_age"] < 3 * 3600 + 800  # plus the time in the queue
     assert 3 * 3600 + 724 <= gone["lease_file_age"] < 3 * 3600 + 800  # the filesystem agrees
     assert re.fullmatch(
-        r"the owner's lease was last renewed 3:1[2-3]:\d\d ago \(idle_timeout 300 s\): "
+        r"the owner's lease was last renewed 3:1[2-3]:\d\d ago \(owner_timeout 300 s\): "
         r"the owner is gone, Ray was not started",
         gone["reason"],
     ), gone["reason"]

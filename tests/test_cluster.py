@@ -225,7 +225,7 @@ def test_walltime_warning_comes_first_then_timeout(registry):
 
 
 def test_a_killed_kernels_cluster_ends_by_itself(registry, testbed):
-    kernel = start_kernel(str(registry.path), runuser(testbed.user), wait=True, idle_timeout=10)
+    kernel = start_kernel(str(registry.path), runuser(testbed.user), wait=True, owner_timeout=10)
     try:
         assert kernel.next_line()["state"] == "READY"
         job_id, job_dir = kernel.job_id, kernel.job_dir

@@ -167,7 +167,7 @@ def test_scancel_of_a_container_cluster_leaves_nothing(registry):
 def test_a_worker_job_runs_ray_in_the_container_and_drains_through_it(registry):
     """Scaling out: the worker job's Ray is the image's too; scaling in drains it with the
     image's `ray drain-node`; then nothing is left."""
-    cluster = new_cluster(registry, idle_timeout=60)
+    cluster = new_cluster(registry, owner_timeout=60)
     try:
         cluster.up(connect=False)
         cluster.scale(2)

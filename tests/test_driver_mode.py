@@ -112,7 +112,7 @@ def test_a_killed_kernel_leaves_no_ray_node_on_its_host_and_the_cluster_ends(tes
         wait_for(lambda: not alive(up["driver_pid"]), 10, "the driver role to end")
         assert not Path(temp_dir).exists()
         assert in_queue(job.job_id)  # its server lives on: nothing of Slurm's cleaned it up
-        # the owner is gone: its lease goes stale (idle_timeout 20 s) and the cluster ends
+        # the owner is gone: its lease goes stale (owner_timeout 20 s) and the cluster ends
         wait_until_nothing_left(up["job_id"], up["job_dir"], timeout=90)
         assert not processes_of(up["job_dir"])
     finally:

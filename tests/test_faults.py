@@ -45,7 +45,7 @@ from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
-IDLE = 10.0  # idle_timeout of these clusters: the lease goes stale 10 s after its owner
+IDLE = 10.0  # owner_timeout of these clusters: the lease goes stale 10 s after its owner
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def registry(tmp_path_factory) -> Registry:
 
 
 def new_cluster(registry: Registry, user: str = "alice", **spec) -> SlurmRayCluster:
-    spec.setdefault("idle_timeout", IDLE)
+    spec.setdefault("owner_timeout", IDLE)
     return SlurmRayCluster(
         cluster_spec(**spec), LocalTransport(runuser(user)), registry=registry, poll_interval=0.5
     )
@@ -135,7 +135,7 @@ class TestTheController:
 # -- the owner dies -----------------------------------------------------------------------------
 def test_a_job_whose_owner_died_while_pending_never_starts_ray(registry, testbed):
     kernel = start_kernel(
-        str(registry.path), runuser(testbed.user), idle_timeout=IDLE, extra_sbatch=["--hold"]
+        str(registry.path), runuser(testbed.user), owner_timeout=IDLE, extra_sbatch=["--hold"]
     )
     kernel.kill()
     time.sleep(IDLE + 2)  # the owner is long gone when the job is released
@@ -161,11 +161,11 @@ def test_a_job_whose_owner_died_while_pending_never_starts_ray(registry, testbed
 
 
 @pytest.mark.parametrize("stage", ["STARTING", "CONNECTED"])
-def test_a_killed_kernels_cluster_is_gone_within_the_idle_timeout(registry, testbed, stage):
+def test_a_killed_kernels_cluster_is_gone_within_the_owner_timeout(registry, testbed, stage):
     kernel = start_kernel(
         str(registry.path),
         runuser(testbed.user),
-        idle_timeout=IDLE,
+        owner_timeout=IDLE,
         wait=stage == "CONNECTED",
         connect=True,
     )
@@ -182,7 +182,7 @@ def test_a_killed_kernels_cluster_is_gone_within_the_idle_timeout(registry, test
     record_figure(
         f"kernel SIGKILLed while {stage}",
         nothing_left_after_s=round(gone_after, 1),
-        idle_timeout_s=IDLE,
+        owner_timeout_s=IDLE,
     )
 
 
@@ -192,7 +192,7 @@ def test_a_killed_kernels_worker_jobs_end_with_its_head(registry, testbed):
     kernel = start_kernel(
         str(registry.path),
         runuser(testbed.user),
-        idle_timeout=IDLE,
+        owner_timeout=IDLE,
         cpus_per_node=2,
         wait=True,
         scale=3,
@@ -212,7 +212,7 @@ def test_a_killed_kernels_worker_jobs_end_with_its_head(registry, testbed):
         "kernel SIGKILLed with 2 worker jobs",
         head_gone_after_s=round(gone_after, 1),
         all_jobs_gone_after_s=round(all_gone, 1),
-        idle_timeout_s=IDLE,
+        owner_timeout_s=IDLE,
     )
 
 
@@ -348,7 +348,7 @@ def test_a_submit_that_hangs_after_queueing_is_adopted_not_orphaned(registry, tm
     wrapper.chmod(0o755)
     transport = LocalTransport([str(wrapper), *runuser(testbed.user)])
     cluster = SlurmRayCluster(
-        cluster_spec(idle_timeout=IDLE), transport, registry=registry, submit_timeout=5
+        cluster_spec(owner_timeout=IDLE), transport, registry=registry, submit_timeout=5
     )
     started = time.monotonic()
     cluster.up(wait=False)

@@ -40,7 +40,7 @@ from .helpers.waiting import wait_for
 pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.xdist_group("hub-and-ood")]
 
 API = "slurm-ray/api/clusters"
-IDLE = 20.0  # the cluster's idle_timeout: its lease goes stale 20 s after its owner
+IDLE = 20.0  # the cluster's owner_timeout: its lease goes stale 20 s after its owner
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def cluster(alice: HubUser) -> Iterator[dict[str, Any]]:
     created = alice.call(
         "POST",
         API,
-        json={"name": "hubtest", "nodes": 2, "time": "0:20:00", "idle_timeout": IDLE},
+        json={"name": "hubtest", "nodes": 2, "time": "0:20:00", "owner_timeout": IDLE},
     )
     assert created.status_code == 201, (created.status_code, created.text[:2000])
     view = created.json()
@@ -196,5 +196,5 @@ def test_stop_my_server_ends_alices_cluster_within_its_lease_nothing_left(alice,
     record_figure(
         "Stop My Server in JupyterHub",
         cluster_gone_after_s=round(gone_after, 1),
-        idle_timeout_s=IDLE,
+        owner_timeout_s=IDLE,
     )

@@ -71,7 +71,7 @@ def _exported(script: str) -> list[str]:
 def test_only_the_allow_list_reaches_any_ray_process_on_any_node(testbed, tmp_path, monkeypatch):
     for name, value in {**SECRETS, **ALLOWED}.items():
         monkeypatch.setenv(name, value)
-    spec = cluster_spec(nodes=2, export_env=["FOO_SETTING"], idle_timeout=30)
+    spec = cluster_spec(nodes=2, export_env=["FOO_SETTING"], owner_timeout=30)
     cluster = SlurmRayCluster(
         spec, LocalTransport(runuser(testbed.user)), registry=Registry(tmp_path / "state")
     )

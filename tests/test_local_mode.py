@@ -113,7 +113,7 @@ OWNER = """
 import os
 from jupyter_slurm_ray import ClusterSpec, SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
-spec = ClusterSpec(mode="local", time="10", idle_timeout=5, cpus_per_node=1,
+spec = ClusterSpec(mode="local", time="10", owner_timeout=5, cpus_per_node=1,
                    object_store_memory="200M")
 cluster = SlurmRayCluster(spec, registry=Registry({state!r}))
 cluster.up(connect=False)

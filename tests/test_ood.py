@@ -135,7 +135,7 @@ def _read(path: str) -> list[str] | None:
 @pytest.fixture(scope="module")
 def cluster(jupyter: OodJupyter) -> Iterator[dict[str, Any]]:
     created = jupyter.call(
-        "POST", API, json={"name": "oodtest", "nodes": 1, "time": "0:20:00", "idle_timeout": IDLE}
+        "POST", API, json={"name": "oodtest", "nodes": 1, "time": "0:20:00", "owner_timeout": IDLE}
     )
     assert created.status_code == 201, (created.status_code, created.text[:2000])
     view = created.json()

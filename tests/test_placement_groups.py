@@ -139,7 +139,7 @@ def token_path(cluster: SlurmRayCluster) -> Path:
 
 def new_cluster(tmp_path_factory, **overrides) -> SlurmRayCluster:
     registry = Registry(tmp_path_factory.mktemp("state"))
-    spec = cluster_spec(**GPU_NODE, idle_timeout=60, **overrides)
+    spec = cluster_spec(**GPU_NODE, owner_timeout=60, **overrides)
     return SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
 
 
@@ -178,7 +178,7 @@ class AsARayDriver:
     program = "kernel_driver_runs_workloads.py"
 
     def start(self, tmp_path_factory):
-        settings = {**TEST_SPEC, **GPU_NODE, "nodes": 3, "idle_timeout": 60}
+        settings = {**TEST_SPEC, **GPU_NODE, "nodes": 3, "owner_timeout": 60}
         del settings["python"], settings["setup"]
         job = NotebookJob.submit(
             self.program, str(VENV_PYTHON), VENV_ACTIVATE, json.dumps(settings)

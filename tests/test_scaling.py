@@ -72,7 +72,7 @@ def processes_of_job(job_dir: str, job_id: str) -> list[int]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     registry = Registry(tmp_path_factory.mktemp("state"))
-    spec = cluster_spec(cpus_per_node=2, idle_timeout=60)
+    spec = cluster_spec(cpus_per_node=2, owner_timeout=60)
     cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
     cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
     yield cluster

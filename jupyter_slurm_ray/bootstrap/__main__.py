@@ -24,10 +24,10 @@ before ``sbatch``:
 The owner rewrites ``lease`` every renew_every s with one JSON object {"pid", "host", "seq",
 "t" (its time.time()), "renew_every"} (older owners: "PID COUNTER"). Before anything starts
 (the first thing the bootstrap does after reading its settings), a "t" older than
-idle_timeout while the lease file too was last written more than idle_timeout ago (by the
+owner_timeout while the lease file too was last written more than owner_timeout ago (by the
 job dir's filesystem's clock) means the owner is gone: nothing is started. When the clocks
-disagree or there is no "t", no change within min(idle_timeout, 2 * renew_every + 3) s means
-the same. Once started, the cluster stops when the lease did not change for idle_timeout s
+disagree or there is no "t", no change within min(owner_timeout, 2 * renew_every + 3) s means
+the same. Once started, the cluster stops when the lease did not change for owner_timeout s
 (this node's clock).
 
 and this program writes:
@@ -71,7 +71,7 @@ Every event line has t (time.time()), event, host and role (head|worker); then:
     env_pack             prefix, reused, seconds: the job's environment pack is unpacked here
     env_pack_replaced    archive, expected, found: the pack's content is not the one the job
                          was submitted with (sha256): nothing unpacked; an error follows
-    walltime_warning, lease_stale (idle_timeout), error (reason, log), stopped
+    walltime_warning, lease_stale (owner_timeout), error (reason, log), stopped
                          (reason, exit_code, killed)
 
 In the kernel's own allocation (mode 'here', bootstrap.json's here_hosts set), the head runs

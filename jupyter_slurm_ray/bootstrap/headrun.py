@@ -78,8 +78,8 @@ class HeadRun(NodeRun):
     def main(self) -> str:
         self.events.phase(Phase.BOOTSTRAP, job_id=job_id(), pid=os.getpid(), python=sys.executable)
         config = self.load_config()
-        idle_timeout = float(config.idle_timeout)
-        gone = owner_gone(self.job_dir, idle_timeout, lambda: self.flags.stop is not None)
+        owner_timeout = float(config.owner_timeout)
+        gone = owner_gone(self.job_dir, owner_timeout, lambda: self.flags.stop is not None)
         if gone:
             self.events.emit(Event.OWNER_GONE, **gone)
             return "owner_gone"
@@ -87,7 +87,7 @@ class HeadRun(NodeRun):
         if self.flags.stop:
             return f"signal {self.flags.stop}"
         self.nodes.wanted = self.wanted
-        self.lease = LeaseWatch(self.job_dir, idle_timeout)
+        self.lease = LeaseWatch(self.job_dir, owner_timeout)
         srun = (
             require_command("srun", "it starts Ray on the other nodes") if self.wanted > 1 else ""
         )
@@ -233,7 +233,7 @@ class HeadRun(NodeRun):
         if self.flags.stop:
             return f"signal {self.flags.stop}"
         if self.lease.stale():
-            self.events.emit(Event.LEASE_STALE, idle_timeout=self.lease.idle_timeout)
+            self.events.emit(Event.LEASE_STALE, owner_timeout=self.lease.owner_timeout)
             return "lease_stale"
         return None
 

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from jsr_wire import JOB_ID_VARIABLE, PORT_STRATEGIES, Settings
+from jsr_wire import FORMER_NAMES, JOB_ID_VARIABLE, PORT_STRATEGIES, Settings
 
 LOG_LINES = 40
 
@@ -83,6 +83,9 @@ class Config(Settings):
             config = cls(cluster_id=str(raw["cluster_id"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BootstrapError(f"cannot read the settings {path}: {exc}") from exc
+        for former, name in FORMER_NAMES.items():  # a file an older client wrote
+            if raw.get(name) is None and raw.get(former) is not None:
+                raw[name] = raw[former]
         for item in fields(cls):
             if raw.get(item.name) is not None:
                 setattr(config, item.name, raw[item.name])

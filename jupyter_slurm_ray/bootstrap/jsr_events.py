@@ -7,7 +7,7 @@ alive; ``t`` lets a job that waited in the queue see at once that its owner left
 Three clocks are involved (the owner's, this node's, the job dir's filesystem's), any two of
 which may disagree: a lease is judged gone at once only when the owner's ``t`` and the lease
 file's modification time (stamped by the filesystem, compared with a file this node writes
-there now, so by the filesystem's clock alone) both say it is older than idle_timeout.
+there now, so by the filesystem's clock alone) both say it is older than owner_timeout.
 """
 
 from __future__ import annotations
@@ -78,12 +78,12 @@ class EventTail:
 
 
 class LeaseWatch:
-    """Stale when the lease file's content did not change for idle_timeout (own clock)."""
+    """Stale when the lease file's content did not change for owner_timeout (own clock)."""
 
-    def __init__(self, job_dir: Path, idle_timeout: float) -> None:
+    def __init__(self, job_dir: Path, owner_timeout: float) -> None:
         self.path = job_dir / LEASE_FILE
         self.detached = job_dir / DETACHED_FILE
-        self.idle_timeout = idle_timeout
+        self.owner_timeout = owner_timeout
         self.content = self.read()
         self.changed_at = time.monotonic()
         self.checked_at = 0.0
@@ -96,14 +96,14 @@ class LeaseWatch:
 
     def stale(self) -> bool:
         now = time.monotonic()
-        if self.idle_timeout <= 0 or now - self.checked_at < LEASE_PERIOD:
+        if self.owner_timeout <= 0 or now - self.checked_at < LEASE_PERIOD:
             return False
         self.checked_at = now
         content = self.read()
         if content != self.content or self.detached.exists():
             self.content, self.changed_at = content, now
             return False
-        return now - self.changed_at > self.idle_timeout
+        return now - self.changed_at > self.owner_timeout
 
 
 @dataclass
@@ -168,28 +168,28 @@ def duration(seconds: float) -> str:
 
 
 def owner_gone(
-    job_dir: Path, idle_timeout: float, stopped: Callable[[], bool]
+    job_dir: Path, owner_timeout: float, stopped: Callable[[], bool]
 ) -> dict[str, Any] | None:
     """Before anything starts: the owner_gone event's fields if the owner left, else None.
 
-    Fresh when the lease was renewed within idle_timeout (owner's clock). Gone at once when
-    the lease file was also last written more than idle_timeout ago by the filesystem's
+    Fresh when the lease was renewed within owner_timeout (owner's clock). Gone at once when
+    the lease file was also last written more than owner_timeout ago by the filesystem's
     clock. Otherwise (the clocks disagree, or the lease has no time) wait up to
-    min(idle_timeout, 2 * renew_every + 3) s for its content to change (this node's clock).
+    min(owner_timeout, 2 * renew_every + 3) s for its content to change (this node's clock).
     Returns None at once when detached, without a timeout, or when `stopped()`.
     """
-    if idle_timeout <= 0 or (job_dir / DETACHED_FILE).exists():
+    if owner_timeout <= 0 or (job_dir / DETACHED_FILE).exists():
         return None
     path = job_dir / LEASE_FILE
     lease = Lease.read(path)
     age = time.time() - lease.t if lease.t is not None else None
-    if age is not None and age <= idle_timeout:
+    if age is not None and age <= owner_timeout:
         return None
     written = file_age(job_dir, lease)
-    if age is not None and written is not None and written > idle_timeout:
-        return gone_fields(f"was last renewed {duration(age)} ago", idle_timeout, age, written)
-    renew_every = lease.renew_every or min(10.0, idle_timeout / 4)
-    wait = min(idle_timeout, 2 * renew_every + 3)
+    if age is not None and written is not None and written > owner_timeout:
+        return gone_fields(f"was last renewed {duration(age)} ago", owner_timeout, age, written)
+    renew_every = lease.renew_every or min(10.0, owner_timeout / 4)
+    wait = min(owner_timeout, 2 * renew_every + 3)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and not stopped():
         time.sleep(0.25)
@@ -203,7 +203,7 @@ def owner_gone(
         last = f"is missing and did not appear within {wait:.0f} s"
     else:
         last = f"has no renewal time and did not change within {wait:.0f} s"
-    return gone_fields(last, idle_timeout, age, written, waited=wait)
+    return gone_fields(last, owner_timeout, age, written, waited=wait)
 
 
 def file_age(job_dir: Path, lease: Lease) -> float | None:
@@ -213,10 +213,10 @@ def file_age(job_dir: Path, lease: Lease) -> float | None:
 
 
 def gone_fields(
-    last: str, idle_timeout: float, age: float | None, written: float | None, waited: float = 0
+    last: str, owner_timeout: float, age: float | None, written: float | None, waited: float = 0
 ) -> dict[str, Any]:
     reason = (
-        f"the owner's lease {last} (idle_timeout {idle_timeout:g} s): "
+        f"the owner's lease {last} (owner_timeout {owner_timeout:g} s): "
         "the owner is gone, Ray was not started"
     )
     return {

@@ -97,7 +97,7 @@ class Settings:
     ray_start_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     object_store_memory: int | None = None
-    idle_timeout: float = 300.0
+    owner_timeout: float = 300.0  # s the owner's lease counts; then the cluster stops itself
     start_timeout: float = 300.0
     lock_dir: str | None = None  # ClusterSpec.port_lock_dir
     container: str | None = None  # image Ray runs in
@@ -108,6 +108,11 @@ class Settings:
     cpus_per_node: int | None = None  # mode 'here': each step's CPUs
     here_kernel_tasks: bool = True  # mode 'here': whether the head (the kernel's node) runs tasks
     walltime_warning: int = 120  # s before the allocation's end (mode 'here': asked of Slurm)
+
+
+# Former names of settings -> their names now. An older client wrote the former name in
+# bootstrap.json; ``ClusterSpec`` accepts it too (with a DeprecationWarning).
+FORMER_NAMES = {"idle_timeout": "owner_timeout"}
 
 
 # ----------------------------------------------------------------------------- events.jsonl

@@ -53,8 +53,8 @@ class WorkerJobRun(WorkerRun):
     def main(self) -> str:
         config = self.load_config()
         self.events.emit(Event.WORKER_JOB_STARTED, nodes=os.environ.get("SLURM_JOB_NUM_NODES"))
-        idle_timeout = float(config.idle_timeout)
-        gone = owner_gone(self.job_dir, idle_timeout, lambda: self.flags.stop is not None)
+        owner_timeout = float(config.owner_timeout)
+        gone = owner_gone(self.job_dir, owner_timeout, lambda: self.flags.stop is not None)
         if gone:
             self.events.emit(Event.OWNER_GONE, **gone)
             return "owner_gone"
@@ -62,7 +62,7 @@ class WorkerJobRun(WorkerRun):
             reason = "head.json is missing: the cluster's head is not running"
             self.events.emit(Event.HEAD_GONE, reason=reason)
             return "head_gone"
-        self.lease = LeaseWatch(self.job_dir, idle_timeout)
+        self.lease = LeaseWatch(self.job_dir, owner_timeout)
         return super().main()
 
     def stop_reason(self) -> str:
@@ -81,7 +81,7 @@ class WorkerJobRun(WorkerRun):
     def why_leave(self, process: RayProcess | None, head: dict[str, Any], now: float) -> str | None:
         if self.lease.stale():
             self.leaving("the owner's lease went stale")
-            self.events.emit(Event.LEASE_STALE, idle_timeout=self.lease.idle_timeout)
+            self.events.emit(Event.LEASE_STALE, owner_timeout=self.lease.owner_timeout)
             return "lease_stale"
         if (self.job_dir / HEAD_FILE).exists():
             self.head_missing_since = None

@@ -355,7 +355,7 @@ class ClusterManager:
             )
             return
         transport = self.transports.for_target(record.target)
-        owner = await live_owner(JobDir(transport, record.job_dir), record, _idle_timeout(record))
+        owner = await live_owner(JobDir(transport, record.job_dir), record, _owner_timeout(record))
         if owner is not None:  # another process took it over (its lease says so)
             log.info(
                 "not cancelling job %s of %s: %s owns it",
@@ -468,12 +468,13 @@ class ClusterManager:
         }
 
 
-def _idle_timeout(record: ClusterRecord) -> float:
-    """The cluster's ``idle_timeout`` (how long its lease counts), the default if unreadable."""
+def _owner_timeout(record: ClusterRecord) -> float:
+    """The cluster's ``owner_timeout`` (how long its lease counts), the default if unreadable.
+    A record written before the rename names it ``idle_timeout``: read as stored, silently."""
     try:
-        return ClusterSpec.from_mapping(record.spec).idle_timeout
+        return ClusterSpec.from_mapping(record.spec, stored=True).owner_timeout
     except SpecError:
-        return ClusterSpec().idle_timeout
+        return ClusterSpec().owner_timeout
 
 
 def _connection(record: ClusterRecord, status: Status) -> ConnectionView:

@@ -78,7 +78,7 @@ async def make_cluster(transport, registry, jobs_root):
     made: list[SlurmRayCluster] = []
 
     def make(process: ProcessIdentity | None = None, **spec) -> SlurmRayCluster:
-        settings = dict(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
+        settings = dict(time="10", job_dir_root=str(jobs_root), owner_timeout=8)
         settings.update(spec)
         cluster = SlurmRayCluster(
             ClusterSpec(**settings),

@@ -20,7 +20,7 @@ def test_lease_watch_judges_content_changes(tmp_path: Path, monkeypatch) -> None
     clock = [1000.0]
     monkeypatch.setattr(jsr_events.time, "monotonic", lambda: clock[0])
     (tmp_path / "lease").write_text("1")
-    watch = jsr_events.LeaseWatch(tmp_path, idle_timeout=10)
+    watch = jsr_events.LeaseWatch(tmp_path, owner_timeout=10)
     clock[0] += 9
     assert not watch.stale()
     (tmp_path / "lease").write_text("2")  # a change restarts the clock
@@ -52,7 +52,7 @@ def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path, monk
     assert clock.slept == pytest.approx(3.4, abs=0.25)  # waited 2 * renew_every + 3 for a change
     monkeypatch.undo()
     assert gone["reason"] == (
-        "the owner's lease was last renewed 3:00:05 ago (idle_timeout 60 s): "
+        "the owner's lease was last renewed 3:00:05 ago (owner_timeout 60 s): "
         "the owner is gone, Ray was not started"
     )
     assert 3 * 3600 < gone["lease_age"] < 3 * 3600 + 7
@@ -69,7 +69,7 @@ def test_owner_gone_judges_the_lease_before_anything_starts(tmp_path: Path, monk
     assert jsr_events.owner_gone(tmp_path, 2.0, never) is None  # it changed: alive
     renewer.join()
     assert jsr_events.owner_gone(tmp_path, 1.0, lambda: True) is None  # scancel meanwhile
-    assert jsr_events.owner_gone(tmp_path, 0, never) is None  # no idle_timeout
+    assert jsr_events.owner_gone(tmp_path, 0, never) is None  # no owner_timeout
     (tmp_path / "detached").touch()
     assert jsr_events.owner_gone(tmp_path, 1.0, never) is None
 

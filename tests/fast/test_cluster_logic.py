@@ -65,7 +65,7 @@ async def test_the_job_dir_is_fresh_private_and_holds_the_script_and_a_json_leas
 
 
 async def test_a_silent_controller_keeps_the_last_state_and_the_lease_renewed(make_cluster, slurm):
-    cluster = await ready(make_cluster, slurm, idle_timeout=5)  # lease renewed every 1.25 s
+    cluster = await ready(make_cluster, slurm, owner_timeout=5)  # lease renewed every 1.25 s
     lease = Path(cluster.job_dir) / "lease"
     slurm.down = True
     await until(lambda: cluster.status.slurm_unreachable_since, 5, "Slurm silence noticed")

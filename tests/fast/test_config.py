@@ -242,3 +242,57 @@ def test_the_login_port_must_be_a_port():
     with pytest.raises(TraitError, match="login_port = 70000: a port from 1 to 65535"):
         SlurmRay(login_port=70000)
     assert SlurmRay(login_port=2222).login_port == 2222
+
+
+# ----------------------------------------------------------------------------- former names
+
+
+def test_the_former_trait_idle_timeout_warns_and_sets_owner_timeout():
+    with pytest.warns(
+        DeprecationWarning, match=r"SlurmRay.idle_timeout is now named SlurmRay.owner"
+    ):
+        config = SlurmRay(config=Config({"SlurmRay": {"idle_timeout": 60}}))
+    assert config.owner_timeout == 60
+    spec, sources = resolve_spec(config=config, environ={})
+    assert (spec.owner_timeout, sources["owner_timeout"]) == (60, "config SlurmRay.owner_timeout")
+    config.owner_timeout = 70  # the setting's own name, set later, wins
+    assert resolve_spec(config=config, environ={})[0].owner_timeout == 70
+
+
+def test_both_names_of_the_lease_setting_in_one_config_are_refused_naming_both():
+    both = Config({"SlurmRay": {"idle_timeout": 60, "owner_timeout": 70}})
+    with pytest.raises(TraitError, match=r"SlurmRay.idle_timeout = 60 and SlurmRay.owner_timeout"):
+        SlurmRay(config=both)
+
+
+def test_a_bad_value_under_the_former_trait_name_is_refused_naming_it():
+    config = SlurmRay()
+    with pytest.raises(TraitError, match=r"^idle_timeout: 3.0 is not allowed; a number of seconds"):
+        config.idle_timeout = 3
+    assert config.owner_timeout is None and config.idle_timeout is None
+
+
+def test_the_former_name_in_the_environment_or_a_profile_warns_and_sets_owner_timeout(
+    tmp_path: Path,
+):
+    with pytest.warns(DeprecationWarning, match="idle_timeout is now named owner_timeout"):
+        spec, sources = resolve_spec(environ={"JUPYTER_SLURM_RAY_IDLE_TIMEOUT": "45"})
+    assert spec.owner_timeout == 45
+    assert sources["owner_timeout"] == "env JUPYTER_SLURM_RAY_IDLE_TIMEOUT"
+    path = tmp_path / "p.toml"
+    path.write_text("[profiles.old]\nidle-timeout = 90\n")
+    config = SlurmRay(profiles_file=str(path))
+    with pytest.warns(DeprecationWarning, match="idle_timeout is now named owner_timeout"):
+        spec, sources = resolve_spec(profile="old", config=config, environ={})
+    assert (spec.owner_timeout, sources["owner_timeout"]) == (90, "profile old")
+
+
+def test_both_names_in_the_environment_or_a_profile_are_refused_naming_both(tmp_path: Path):
+    environ = {"JUPYTER_SLURM_RAY_IDLE_TIMEOUT": "45", "JUPYTER_SLURM_RAY_OWNER_TIMEOUT": "50"}
+    with pytest.raises(SpecError, match=r"IDLE_TIMEOUT.*JUPYTER_SLURM_RAY_OWNER_TIMEOUT"):
+        resolve_spec(environ=environ)
+    path = tmp_path / "p.toml"
+    path.write_text("[profiles.both]\nidle_timeout = 90\nowner_timeout = 95\n")
+    config = SlurmRay(profiles_file=str(path))
+    with pytest.raises(SpecError, match=r"^idle_timeout: 90 is not allowed; .*owner_timeout"):
+        resolve_spec(profile="both", config=config, environ={})

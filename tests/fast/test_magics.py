@@ -176,3 +176,11 @@ def test_script_shows_the_job_script_and_submits_nothing(run, slurm, name):
         assert f"#SBATCH {line}" in out
     assert "echo hi" in out
     assert nothing_submitted(slurm, name)
+
+
+def test_percent_config_of_the_leases_former_name_sets_owner_timeout(run, magic):
+    with pytest.warns(DeprecationWarning, match="SlurmRay.owner_timeout"):
+        run("%config SlurmRay.idle_timeout = 60")
+    out, _, _ = run("%slurm_ray config")
+    assert magic.magics.settings.owner_timeout == 60
+    assert re.search(r"^owner_timeout\s+60\.0\s+config SlurmRay.owner_timeout$", out, re.M)

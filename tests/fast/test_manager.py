@@ -6,15 +6,17 @@ import asyncio
 import os
 import subprocess
 import time
+import warnings
 
 import pytest
 
+from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import Conflict
 from jupyter_slurm_ray.lease import Lease
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.owner import this_process
 from jupyter_slurm_ray.registry import ClusterRecord
-from jupyter_slurm_ray.server.manager import ClusterManager
+from jupyter_slurm_ray.server.manager import ClusterManager, _owner_timeout
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.targets import Transports
 
@@ -132,6 +134,17 @@ async def test_housekeeping_never_reaps_a_cluster_whose_lease_names_a_live_owner
     await manager.housekeep()
     assert manager.reaped == ["6"]  # the orphan's job only
     assert slurm.jobs["5"].state == "RUNNING"
+
+
+def test_a_record_written_before_the_rename_loads_its_lease_setting_silently(registry, transport):
+    spec = {**ClusterSpec(time="10").to_dict(), "idle_timeout": 30.0}
+    del spec["owner_timeout"]  # an older client's record names it idle_timeout
+    old = record("5", "old", spec=spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read on every poll: no warning each time
+        assert _owner_timeout(old) == 30.0
+        cluster = SlurmRayCluster.from_record(old, transport, registry=registry)
+    assert cluster.spec.owner_timeout == 30.0 and cluster.ownership.owner_timeout == 30.0
 
 
 async def test_a_quiet_housekeeping_round_asks_slurm_nothing(manager, registry, slurm):

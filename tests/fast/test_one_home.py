@@ -38,7 +38,7 @@ def test_the_bootstrap_reads_back_every_setting_the_client_writes(tmp_path):
         mode="here", here_nodes="node[1-2]", nodes=2, cpus_per_node=3, here_kernel_tasks=False,
         port_strategy="fixed", fixed_port_base=30000, port_range=(30000, 30999),
         worker_ports=16, network_interface="ib0", ray_start_args=("--verbose",),
-        env={"A": "1"}, object_store_memory="1G", idle_timeout=60, start_timeout=90,
+        env={"A": "1"}, object_store_memory="1G", owner_timeout=60, start_timeout=90,
         port_lock_dir="/var/lock/ports", container="/img.sif", container_runtime="apptainer",
         walltime_warning=300,
     )  # fmt: skip
@@ -48,6 +48,14 @@ def test_the_bootstrap_reads_back_every_setting_the_client_writes(tmp_path):
     read = bootstrap_module("jsr_base").Config.load(path)
     assert dataclasses.asdict(read) == written
     assert read.here_hosts == ["node1", "node2"] and read.lock_dir == "/var/lock/ports"
+
+
+def test_the_bootstrap_reads_the_leases_former_name_from_an_older_clients_settings(tmp_path):
+    path = tmp_path / "bootstrap.json"
+    path.write_text(json.dumps({"cluster_id": "abcd-0001", "idle_timeout": 42.0}))
+    assert bootstrap_module("jsr_base").Config.load(path).owner_timeout == 42.0
+    path.write_text(json.dumps({"cluster_id": "abcd-0001", "owner_timeout": 50.0}))
+    assert bootstrap_module("jsr_base").Config.load(path).owner_timeout == 50.0
 
 
 def test_every_coroutine_of_a_cluster_has_its_blocking_twin_declared_and_listed():

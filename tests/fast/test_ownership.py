@@ -74,7 +74,7 @@ def lease_of(cluster: SlurmRayCluster) -> LeaseSeen:
 async def test_attaching_a_cluster_a_live_process_owns_observes_it(
     make_cluster, slurm, registry, attach, kernel
 ):
-    owner = await ready(make_cluster, slurm, idle_timeout=5)
+    owner = await ready(make_cluster, slurm, owner_timeout=5)
     observer = await attach(owner, kernel.identity)
     assert observer.observing and not observer.owned_here and owner.owned_here
     me = this_process().describe()
@@ -92,7 +92,7 @@ async def test_attaching_a_cluster_a_live_process_owns_observes_it(
 async def test_records_and_the_lease_name_the_owner_whatever_the_observer_sees(
     make_cluster, slurm, registry, attach, kernel
 ):
-    owner = await ready(make_cluster, slurm, idle_timeout=5)
+    owner = await ready(make_cluster, slurm, owner_timeout=5)
     observer = await attach(owner, kernel.identity)
     me = this_process()
     for joined in range(1, 21):  # status changes both see (and both would have saved before)
@@ -111,7 +111,7 @@ async def test_records_and_the_lease_name_the_owner_whatever_the_observer_sees(
 async def test_an_observer_that_exits_or_is_killed_leaves_the_cluster_running(
     make_cluster, slurm, registry, attach, stand_ins
 ):
-    owner = await ready(make_cluster, slurm, idle_timeout=5)
+    owner = await ready(make_cluster, slurm, owner_timeout=5)
     exits, killed = stand_ins(), stand_ins()
     await attach(owner, exits.identity)
     await attach(owner, killed.identity)
@@ -128,7 +128,7 @@ async def test_attaching_a_cluster_whose_owner_is_gone_makes_this_process_the_ow
     make_cluster, slurm, registry, attach, kernel
 ):
     gone = dead_process()  # it still renews below: only its process is known gone
-    first = await ready(make_cluster, slurm, idle_timeout=5, process=gone)
+    first = await ready(make_cluster, slurm, owner_timeout=5, process=gone)
     second = await attach(first, kernel.identity)
     assert second.owned_here and not second.observing and second.status.ownership is None
     record = registry.load(first.id)
@@ -140,7 +140,7 @@ async def test_attaching_a_cluster_whose_owner_is_gone_makes_this_process_the_ow
 
 async def test_an_observer_is_told_when_its_owner_is_gone(make_cluster, slurm, attach, stand_ins):
     owning, watching = stand_ins(), stand_ins()
-    owner = await ready(make_cluster, slurm, idle_timeout=5, process=owning.identity)
+    owner = await ready(make_cluster, slurm, owner_timeout=5, process=owning.identity)
     observer = await attach(owner, watching.identity)
     assert observer.observing
     owning.kill()
@@ -154,7 +154,7 @@ async def test_takeover_moves_ownership_and_the_previous_owner_is_told(
     make_cluster, slurm, registry, attach, kernel, caplog
 ):
     caplog.set_level(logging.WARNING, logger="jupyter_slurm_ray")
-    previous = await ready(make_cluster, slurm, idle_timeout=5)
+    previous = await ready(make_cluster, slurm, owner_timeout=5)
     new = await attach(previous, kernel.identity, takeover=True)
     assert new.owned_here and new.lease.kept
     record = registry.load(previous.id)
@@ -178,7 +178,7 @@ async def test_takeover_moves_ownership_and_the_previous_owner_is_told(
 async def test_a_displaced_owners_late_lease_write_never_wins(
     make_cluster, slurm, registry, attach, kernel
 ):
-    previous = await ready(make_cluster, slurm, idle_timeout=5)
+    previous = await ready(make_cluster, slurm, owner_timeout=5)
     await attach(previous, kernel.identity, takeover=True)
     await until(lambda: not previous.owned_here, 10, "the previous owner standing down")
     late = Lease(5, this_process())  # a renewal that was on its way when the takeover came
@@ -191,7 +191,7 @@ async def test_a_displaced_owners_late_lease_write_never_wins(
 async def test_an_owner_that_finds_a_newer_owner_in_the_record_stands_down_before_writing(
     make_cluster, slurm, registry, kernel
 ):
-    owner = await ready(make_cluster, slurm, idle_timeout=300)  # renewals 10 s apart
+    owner = await ready(make_cluster, slurm, owner_timeout=300)  # renewals 10 s apart
     registry.update(owner.id, lambda r: (r.set_owner(kernel.identity, 1), r)[1])  # took it
     (Path(owner.job_dir) / "events.jsonl").open("a").write('{"event": "nodes", "joined": 0}\n')
     await until(lambda: not owner.owned_here, 2, "the owner standing down at its next write")
@@ -204,7 +204,7 @@ async def test_a_takeover_seen_only_in_the_lease_reaches_this_hosts_record(
     make_cluster, slurm, registry
 ):
     """Taken over from a host whose registry is another: only the lease says so."""
-    owner = await ready(make_cluster, slurm, idle_timeout=5)
+    owner = await ready(make_cluster, slurm, owner_timeout=5)
     elsewhere = ProcessIdentity("login2", 4242, "boot:1")
     taker = Lease(5, elsewhere)
     taker.term = 1
@@ -219,7 +219,7 @@ async def test_a_takeover_seen_only_in_the_lease_reaches_this_hosts_record(
 async def test_after_a_takeover_only_the_new_owner_applies_scale_requests(
     make_cluster, slurm, transport, attach, kernel
 ):
-    previous = await ready(make_cluster, slurm, idle_timeout=5)
+    previous = await ready(make_cluster, slurm, owner_timeout=5)
     new = await attach(previous, kernel.identity, takeover=True)
     await until(lambda: not previous.owned_here, 10, "the previous owner standing down")
     await until(lambda: new.state is State.READY, 5, "the new owner sees it READY")
@@ -231,7 +231,7 @@ async def test_after_a_takeover_only_the_new_owner_applies_scale_requests(
 
 
 async def test_an_observer_stops_the_cluster_on_purpose(make_cluster, slurm, attach, kernel):
-    owner = await ready(make_cluster, slurm, idle_timeout=5)
+    owner = await ready(make_cluster, slurm, owner_timeout=5)
     observer = await attach(owner, kernel.identity)
     assert (await observer.down_async(timeout=5)).state is State.STOPPED
     await until(lambda: owner.state.is_final, 5, "the owner sees the end")
@@ -251,7 +251,7 @@ def test_the_lease_names_its_owner_and_term():
     assert seen is not None and seen.owner == ProcessIdentity("login1", 42, "boot:7")
     assert seen.term == 3 and seen.renew_every == 10.0
     assert seen.fresh(300, now=seen.t + 35) and not seen.fresh(300, now=seen.t + 36)
-    assert not seen.fresh(20, now=seen.t + 21)  # never beyond idle_timeout
+    assert not seen.fresh(20, now=seen.t + 21)  # never beyond owner_timeout
     assert LeaseSeen.parse("4242 17\n") is None and LeaseSeen.parse(None) is None
 
 

@@ -19,7 +19,7 @@ from .conftest import emit, write_connection
 
 def paced_cluster(transport, registry, jobs_root) -> SlurmRayCluster:
     """A cluster whose watch ticks every 50 ms and, once up, asks Slurm only every hour."""
-    spec = ClusterSpec(time="10", job_dir_root=str(jobs_root), idle_timeout=8)
+    spec = ClusterSpec(time="10", job_dir_root=str(jobs_root), owner_timeout=8)
     return SlurmRayCluster(
         spec, transport, registry=registry, poll_interval=0.05, steady_poll_interval=3600
     )

@@ -268,11 +268,29 @@ async def test_post_creates_a_server_owned_cluster_from_a_profile(api, registry,
     assert job.state == "CANCELLED"
 
 
+async def test_post_takes_the_leases_former_name_with_a_warning_but_not_both_names(
+    api, registry, slurm
+):
+    with pytest.warns(DeprecationWarning, match="idle_timeout is now named owner_timeout"):
+        code, created = await api(
+            "POST", body={"profile": "testbed", "name": "formerly", "idle_timeout": 60}
+        )
+    assert code == 201, created
+    assert registry.load(created["id"]).spec["owner_timeout"] == 60
+    assert (await api("DELETE", created["id"]))[0] == 200
+    both = {"profile": "testbed", "idle_timeout": 60, "owner_timeout": 70}
+    code, answer = await api("POST", body=both)
+    assert (
+        code == 400 and answer["field"] == "idle_timeout" and "owner_timeout" in answer["message"]
+    )
+    assert len(slurm.jobs) == 1  # the first one only
+
+
 async def test_takeover_makes_the_server_the_owner_and_the_kernel_is_told(
     api, registry, slurm, make_cluster, stand_ins
 ):
     kernel = stand_ins()  # the kernel that owns the cluster (a real process)
-    owned = await ready(make_cluster, slurm, idle_timeout=5, process=kernel.identity)
+    owned = await ready(make_cluster, slurm, owner_timeout=5, process=kernel.identity)
     code, listing = await api("GET")
     (view,) = listing["clusters"]
     assert code == 200 and view["can_take_over"] and not view["server_owned"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
 from hypothesis import given
@@ -225,10 +226,10 @@ TIME = {"time": "1:00:00"}
         ("object_store_memory", 1000),
         ("object_store_memory", "10M"),
         ("object_store_memory", "lots"),
-        ("idle_timeout", 1),
-        ("idle_timeout", 604801),
-        ("idle_timeout", float("nan")),
-        ("idle_timeout", "soon"),
+        ("owner_timeout", 1),
+        ("owner_timeout", 604801),
+        ("owner_timeout", float("nan")),
+        ("owner_timeout", "soon"),
         ("start_timeout", 5),
         ("start_timeout", 86401),
         ("walltime_warning", 59),
@@ -464,7 +465,7 @@ def test_to_dict_is_json_and_round_trips_through_from_mapping():
         ray_start_args=["--include-dashboard=true"],
         env={"OMP_NUM_THREADS": "1"},
         object_store_memory="4G",
-        idle_timeout=60,
+        owner_timeout=60,
         start_timeout=600,
         walltime_warning=300,
     )
@@ -529,3 +530,47 @@ def test_resolve_rejects_unknown_keys_in_any_layer():
 def test_merge_layers_lets_later_layers_win():
     spec = merge_layers(DEFAULTS, CONFIG, PROFILE, ARGUMENTS)
     assert (spec.nodes, spec.partition, spec.gpus_per_node) == (4, "gpu", 1)
+
+
+# ----------------------------------------------------------------------------- former names
+
+
+def test_the_leases_former_name_idle_timeout_warns_and_sets_owner_timeout():
+    with pytest.warns(DeprecationWarning, match="idle_timeout is now named owner_timeout") as seen:
+        assert ClusterSpec(idle_timeout=60).owner_timeout == 60
+    assert seen[0].filename == __file__  # the warning points at the caller's line
+    for mapping in ({"idle_timeout": 70}, {"idle-timeout": 70}):
+        with pytest.warns(DeprecationWarning, match="owner_timeout") as seen:
+            assert ClusterSpec.from_mapping(mapping).owner_timeout == 70
+        assert seen[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="owner_timeout"):
+        assert ClusterSpec().replace(idle_timeout=80).owner_timeout == 80
+    with pytest.warns(DeprecationWarning, match="owner_timeout"):
+        spec, sources = resolve(
+            [("config", {"owner_timeout": 50}), ("profile p", {"idle_timeout": 90})]
+        )
+    assert (spec.owner_timeout, sources["owner_timeout"]) == (90, "profile p")
+    assert "idle_timeout" not in spec.to_dict() and spec.to_dict()["owner_timeout"] == 90
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ClusterSpec(idle_timeout=60, owner_timeout=70),
+        lambda: ClusterSpec.from_mapping({"idle_timeout": 60, "owner-timeout": 70}),
+        lambda: ClusterSpec.from_mapping({"owner_timeout": 70, "idle_timeout": 60}, stored=True),
+        lambda: ClusterSpec().replace(idle_timeout=60, owner_timeout=70),
+        lambda: merge_layers({"owner_timeout": 70, "idle_timeout": 60}),
+    ],
+)
+def test_the_lease_setting_under_both_names_is_refused_naming_both(make):
+    with pytest.raises(SpecError, match=r"^idle_timeout: 60 is not allowed; .*owner_timeout"):
+        make()
+
+
+def test_a_stored_mapping_with_the_former_name_loads_without_a_warning():
+    stored = {**ClusterSpec(time="10").to_dict(), "idle_timeout": 30}
+    del stored["owner_timeout"]  # a record written before the rename
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ClusterSpec.from_mapping(stored, stored=True).owner_timeout == 30

@@ -43,7 +43,7 @@ async def test_the_watcher_survives_bugs_and_broken_subscribers_and_reports_them
 
 
 def test_the_lease_says_who_when_and_how_often():
-    lease = Lease(idle_timeout=300)
+    lease = Lease(owner_timeout=300)
     first, second = json.loads(lease.text()), json.loads(lease.text())
     assert second["seq"] == first["seq"] + 1 and second["t"] >= first["t"]
     assert first["renew_every"] == renew_interval(300) == 10.0
@@ -59,7 +59,7 @@ async def test_the_lease_outlives_write_failures():
             raise OSError("the filesystem hiccups")
         written.append(text)
 
-    lease = Lease(idle_timeout=4)  # every 1 s
+    lease = Lease(owner_timeout=4)  # every 1 s
     lease.keep(write)
     await until(lambda: len(written) >= 3, 6, "three renewals")
     assert lease.kept and written[1].startswith("{") and lease.renewed_at is not None

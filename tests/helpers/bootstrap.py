@@ -91,7 +91,7 @@ class JobDir:
             "ray_start_args": [],
             "env": {},
             "object_store_memory": 150 * 1024 * 1024,
-            "idle_timeout": 600.0,
+            "owner_timeout": 600.0,
             "start_timeout": 120.0,
             "lock_dir": None,
         }

@@ -60,7 +60,7 @@ def main() -> None:
     user, daemon = testbed.user, int(sys.argv[2])
     transport = ssh_transport(testbed)
     cluster = SlurmRayCluster(
-        cluster_spec(idle_timeout=20), transport, registry=Registry(sys.argv[1]), poll_interval=1
+        cluster_spec(owner_timeout=20), transport, registry=Registry(sys.argv[1]), poll_interval=1
     )
     seen: dict = {}
     try:

@@ -95,7 +95,7 @@ def main() -> None:
         setup=[setup],
         object_store_memory="700M",
         start_timeout=180,
-        idle_timeout=20,
+        owner_timeout=20,
     )
     registry = Registry(work / "state")
     cluster = SlurmRayCluster(spec, LocalTransport(), registry=registry)

@@ -35,7 +35,7 @@ SPEC = dict(
     setup=[setup],
     object_store_memory="200M",
     start_timeout=180,
-    idle_timeout=60,
+    owner_timeout=60,
 )
 
 

@@ -41,7 +41,7 @@ def main() -> None:
         setup=[setup],
         object_store_memory="200M",
         start_timeout=180,
-        idle_timeout=60,
+        owner_timeout=60,
         connect="client",  # about the cluster's own job: tests/test_driver_mode.py has the driver
     )
     cluster = SlurmRayCluster(spec, LocalTransport(), registry=Registry(work / "state"))

@@ -129,7 +129,7 @@ def main() -> None:
 
 
 def record_into(out: Path, registry: Registry) -> None:
-    spec = cluster_spec(cpus_per_node=1, gpus_per_node=2, idle_timeout=60)
+    spec = cluster_spec(cpus_per_node=1, gpus_per_node=2, owner_timeout=60)
     cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
     cluster.up(connect=False, queue_timeout=300)
     try:
