@@ -26,7 +26,7 @@ from benchmarks.results import write_result
 from benchmarks.startup import AS_USER, nodes_idle
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.slurm.watch import watcher_for
+from jupyter_slurm_ray.slurm.schedulers import watcher_for
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport
 from tests.helpers.clusters import cluster_spec
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.results import write_result
 from benchmarks.slurm_rpcs import steady_clusters
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.slurm.watch import watcher_for
+from jupyter_slurm_ray.slurm.schedulers import watcher_for
 from tests.fast.conftest import emit
 from tests.helpers.fakeslurm import FakeSlurm
 

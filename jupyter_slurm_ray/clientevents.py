@@ -12,16 +12,10 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .bootstrap.jsr_wire import EVENTS_FILE, Event, Role
-from .elastic.policy import AdaptSettings
-from .errors import SlurmRayError
-from .job.directory import JobDir
 from .transport import Transport
-
-if TYPE_CHECKING:
-    from .registry import ClusterRecord
 
 # Constant program (``sh -c APPEND sh LINE FILE``): one line appended to the events file.
 _APPEND = 'printf "%s\\n" "$1" >> "$2"'
@@ -35,7 +29,7 @@ async def append_event(
     record = {"t": time.time(), "event": event, "role": Role.CLIENT}
     record.update(host=socket.gethostname(), pid=os.getpid(), **fields)
     line = json.dumps(record)
-    argv = ["sh", "-c", _APPEND, "sh", line, JobDir(transport, job_dir).file(EVENTS_FILE)]
+    argv = ["sh", "-c", _APPEND, "sh", line, f"{job_dir}/{EVENTS_FILE}"]
     await transport.run(argv, timeout=within)
 
 
@@ -66,24 +60,3 @@ def requested_nodes(event: Mapping[str, Any], since: float) -> tuple[int, str | 
     if not isinstance(nodes, int) or isinstance(nodes, bool):
         return None
     return nodes, group if isinstance(group, str) else None
-
-
-async def recorded_adapting(record: ClusterRecord, job_dir: JobDir) -> AdaptSettings | None:
-    """Whether a cluster's owner adapts, as another process can tell: the settings its record
-    shows (its first scaling line while adapting), changed by the adapt requests made after
-    the record was written (its owner applies them in order, before a request made now)."""
-    first = record.scaling[0] if record.scaling else ""
-    settings = AdaptSettings.from_line(first)
-    try:
-        events = await job_dir.recent_events(200)
-    except SlurmRayError:
-        return settings
-    for event in events:
-        if not made_after(event, Event.ADAPT_REQUEST, record.updated_at):
-            continue
-        low, high = event.get("minimum"), event.get("maximum")
-        if event.get("off") is True:
-            settings = None
-        elif isinstance(low, int) and isinstance(high, int):
-            settings = AdaptSettings(low, high)
-    return settings

@@ -55,10 +55,10 @@ from .registry import ClusterRecord, Registry
 from .slurm.client import JobInfo, SlurmClient
 from .slurm.hereplan import head_step, plan_here, planned_spec
 from .slurm.heresteps import HereSteps
-from .slurm.schedulers import scheduler_for_mode
+from .slurm.schedulers import scheduler_for_mode, watcher_for
 from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
 from .slurm.walltime import Extension, extend_walltime
-from .slurm.watch import Answer, watcher_for
+from .slurm.watch import Answer
 from .spec import ClusterSpec
 from .startup import wait_until
 from .states import State, Status, record_fields, status_of_record
@@ -417,7 +417,7 @@ class SlurmRayCluster:
             if await self._client.head_answers(
                 self.job_directory(), lambda: follower.events.head_ready
             ):
-                watcher_for(self.transport).poll_soon()  # its events now, not at the next tick
+                self.poll_soon()  # its events now, not at the next tick
 
     async def connect_async(
         self, timeout: float = 30.0, attempts: int = 3, mode: str | None = None
@@ -477,7 +477,7 @@ class SlurmRayCluster:
             )
             log.warning("%s: %s", self.spec.name, self._stop_notice)
             self._update_state()
-        watcher_for(self.transport).poll_soon()
+        self.poll_soon()
         deadline = time.monotonic() + timeout
         while not self._status.state.is_final and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
@@ -652,6 +652,10 @@ class SlurmRayCluster:
             return self.steady_poll_interval
         return self.poll_interval
 
+    def poll_soon(self) -> None:
+        """Ask Slurm about the cluster's jobs at once (its transport's watcher's next query)."""
+        watcher_for(self.transport).poll_soon()
+
     def job_directory(self) -> JobDir:
         if self.job_dir is None:
             raise SlurmRayError(f"cluster {self.id} has no job dir yet")
@@ -662,7 +666,7 @@ class SlurmRayCluster:
         log_tail = await self._follower.observe(answer, self.job_directory(), self.slurm)
         self.elastic.note_new_events()
         if self._follower.news_for_slurm and not answer.fresh:  # the job's events say so
-            watcher_for(self.transport).poll_soon()
+            self.poll_soon()
         if self._follower.events.ready and self.connection is None:
             with contextlib.suppress(SlurmRayError):  # the record then has the head's address
                 await self._client.load_connection(self.job_directory())

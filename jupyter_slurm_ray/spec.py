@@ -31,7 +31,6 @@ from .job.checks import (
     choice,
     container_image,
     env_pairs,
-    export_env_entries,
     flag,
     format_walltime,
     here_nodes,
@@ -52,6 +51,7 @@ from .job.checks import (
     single_line,
     walltime,
 )
+from .job.environment import export_env_entries
 
 __all__ = [
     "FIELD_NAMES",

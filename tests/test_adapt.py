@@ -28,7 +28,7 @@ from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.errors import Conflict, SpecError
 from jupyter_slurm_ray.naming import worker_job_comment
 from jupyter_slurm_ray.registry import Registry
-from jupyter_slurm_ray.slurm.watch import watcher_for
+from jupyter_slurm_ray.slurm.schedulers import watcher_for
 from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of

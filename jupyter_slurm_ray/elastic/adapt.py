@@ -25,7 +25,6 @@ from ..bootstrap import dashhttp
 from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event
 from ..clientevents import append_event
 from ..errors import SlurmRayError
-from ..slurm.watch import watcher_for
 from .groups import DEFAULT_GROUP
 from .moves import Moves, WorkerBook
 from .policy import (
@@ -229,7 +228,7 @@ class Adapter:
             chosen,
             self.host.job_directory().path,
             DRAIN_TIMEOUT,
-            watcher_for(self.host.transport).poll_soon,
+            self.host.poll_soon,
         )
         self.retired += ids
         await self._scaled(before, [], ids, decision.cause)

@@ -40,6 +40,9 @@ class ClusterHost(Protocol):
 
     def job_directory(self) -> JobDir: ...
 
+    def poll_soon(self) -> None:
+        """Ask Slurm about the cluster's jobs at once (the transport's watcher's next query)."""
+
     def adapt_defaults(self) -> Mapping[str, float]:
         """adapt's settings where a request leaves them out (``config.adapt_defaults``)."""
 

@@ -21,16 +21,16 @@ from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event
 from ..clientevents import (
     append_event,
     made_after,
-    recorded_adapting,
     request_cause,
     request_scale,
     requested_nodes,
 )
 from ..display import status_text
 from ..errors import Conflict, SlurmRayError, SpecError
+from ..job.directory import JobDir
 from ..registry import ClusterRecord
 from ..slurm.client import SlurmClient
-from ..slurm.watch import watcher_for
+from ..slurm.schedulers import watcher_for
 from ..states import Status
 from .adapt import INTERVAL, Adapter, checked_or_default, recent_decisions
 from .groups import DEFAULT_GROUP, group_names
@@ -400,3 +400,24 @@ class Elastic:
             jobs = ", ".join(draining)
             return (*lines, f"draining worker job {jobs}: it ends once its tasks are done")
         return lines
+
+
+async def recorded_adapting(record: ClusterRecord, job_dir: JobDir) -> AdaptSettings | None:
+    """Whether a cluster's owner adapts, as another process can tell: the settings its record
+    shows (its first scaling line while adapting), changed by the adapt requests made after
+    the record was written (its owner applies them in order, before a request made now)."""
+    first = record.scaling[0] if record.scaling else ""
+    settings = AdaptSettings.from_line(first)
+    try:
+        events = await job_dir.recent_events(200)
+    except SlurmRayError:
+        return settings
+    for event in events:
+        if not made_after(event, Event.ADAPT_REQUEST, record.updated_at):
+            continue
+        low, high = event.get("minimum"), event.get("maximum")
+        if event.get("off") is True:
+            settings = None
+        elif isinstance(low, int) and isinstance(high, int):
+            settings = AdaptSettings(low, high)
+    return settings

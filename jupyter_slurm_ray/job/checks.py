@@ -14,7 +14,6 @@ from typing import Any
 
 from ..errors import SpecError
 from ..slurm.output import BYTES_PER_UNIT, parse_duration, size_in_bytes
-from .environment import is_pattern, never_reason
 
 # ----------------------------------------------------------------------------- walltime
 
@@ -318,32 +317,6 @@ def _env_pair(field: str, name: Any, text: Any, allowed: str) -> tuple[str, str]
     if not isinstance(text, str) or re.search(r"[\r\n\x00]", text):
         raise SpecError(field, {name: text}, allowed)
     return (name, text)
-
-
-_EXPORT_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!-]+", re.ASCII)
-_EXPORT_SEPARATORS = re.compile(r"[\s,]+")
-_WILDCARD_START = re.compile(r"[*?\[]")
-_EXPORT_ALLOWED = (
-    "variable names (A-Z a-z 0-9 _) or glob patterns (MYAPP_*, *_HOME, with * ? [ ]), "
-    "as a list or one string separated by commas or spaces"
-)
-
-
-def export_env_entries(field: str, value: Any) -> tuple[str, ...]:
-    """The ``export_env`` setting: the variables a job gets besides the default list
-    (``job/environment.py``); a name (or a pattern's fixed start) that is never exported is refused,
-    saying why."""
-    if isinstance(value, str):
-        value = [entry for entry in _EXPORT_SEPARATORS.split(value) if entry]
-    entries = _string_tuple(field, value, _EXPORT_ALLOWED)
-    for entry in entries:
-        plain = not is_pattern(entry)
-        if not (_ENV_NAME if plain else _EXPORT_PATTERN).fullmatch(entry):
-            raise SpecError(field, entry, _EXPORT_ALLOWED)
-        never = never_reason(entry if plain else _WILDCARD_START.split(entry, maxsplit=1)[0])
-        if never:
-            raise SpecError(field, entry, f"another variable: {never}")
-    return tuple(dict.fromkeys(entries))
 
 
 # ----------------------------------------------------------------------------- long options

@@ -14,13 +14,12 @@ running from it (the bootstrap too, ACLs included).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +34,10 @@ from ..bootstrap.jsr_wire import (
     TOKEN_FILE,
     Role,
     Run,
-    Settings,
     drain_file,
     ray_log,
 )
 from ..errors import CommandError, SlurmRayError, SpecError
-from ..slurm.output import expand_hostlist
-from ..spec import FIELD_NAMES, ClusterSpec
 from ..transport import LocalTransport, Transport, tar_base64
 from .checks import python_command
 from .environment import exported_names, parse_env0
@@ -165,12 +161,12 @@ class JobDir:
             return ["python3", *program]
         return [*kernel_python_argv(kernel_environment(os.path.dirname(self.path))), *program]
 
-    async def create(self, spec: ClusterSpec, cluster_id: str, *, script: str, lease: str) -> None:
+    async def create(self, settings: Mapping[str, Any], *, script: str, lease: str) -> None:
         """Create the directory, fresh (it must not exist), with the job script, the bootstrap,
-        its settings, the owner's first lease and a new Ray token: one command whatever the
-        transport (one round trip over SSH)."""
+        its settings (``bootstrap.json``: ``script.bootstrap_settings``), the owner's first
+        lease and a new Ray token: one command whatever the transport (one round trip over SSH)."""
         files = {f"{PROGRAM_DIR}/{name}": text for name, text in bootstrap_files().items()}
-        files[SETTINGS_FILE] = json.dumps(bootstrap_settings(spec, cluster_id), indent=1)
+        files[SETTINGS_FILE] = json.dumps(dict(settings), indent=1)
         files[TOKEN_FILE] = secrets.token_urlsafe(32) + "\n"
         files[LEASE_FILE] = lease
         files[SCRIPT] = script
@@ -365,26 +361,6 @@ def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
         if inside and len(mount_point) >= len(best):
             best, kind = mount_point, line.split(" - ", 1)[1].split()[0]
     return kind
-
-
-def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
-    """``bootstrap.json``: every field of the bootstrap's ``Settings``, the spec's setting of
-    the same name unless given here."""
-    here = spec.mode == "here"
-    values = {
-        item.name: getattr(spec, item.name)
-        for item in dataclasses.fields(Settings)
-        if item.name in FIELD_NAMES
-    }
-    values.update(
-        cluster_id=cluster_id,
-        ray_start_args=list(spec.ray_start_args),
-        env=dict(spec.env),
-        lock_dir=spec.port_lock_dir,
-        here_hosts=expand_hostlist(spec.here_nodes or "") if here else [],
-        cpus_per_node=spec.cpus_per_node if here else None,  # the steps' CPUs (mode 'here')
-    )
-    return dataclasses.asdict(Settings(**values))
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ variables (they would override the job's own: ``bootstrap/slurmenv.py``), Ray's 
 (each cluster has its own token), the hub's and Jupyter's (API tokens, the kernel's session)
 and this package's client settings. A pattern never brings in a name that looks like a secret
 (``…TOKEN``, ``…PASSWORD``, ``…_KEY``…): name such a variable exactly to export it.
-Values are never read or kept here, only names.
+Values are never read or kept here, only names. The ``export_env`` setting is checked here too
+(``export_env_entries``): a name that is never exported is refused when the spec is made.
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..bootstrap.slurmenv import is_slurm_variable
+from ..errors import SpecError
 
 __all__ = [
     "DEFAULT_EXPORT",
     "NEVER_PREFIXES",
     "SECRET_PATTERN",
     "drop_reason",
+    "export_env_entries",
     "exported_names",
     "is_pattern",
     "never_reason",
@@ -121,6 +125,39 @@ def drop_reason(name: str, export_env: Sequence[str] = ()) -> str | None:
 def exported_names(names: Iterable[str], export_env: Sequence[str] = ()) -> list[str]:
     """The names, of ``names``, that the job gets: sorted, the allowed ones only."""
     return sorted({name for name in names if drop_reason(name, export_env) is None})
+
+
+# ----------------------------------------------------------------------------- the setting
+
+_EXPORT_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!-]+", re.ASCII)
+_EXPORT_SEPARATORS = re.compile(r"[\s,]+")
+_EXPORT_ALLOWED = (
+    "variable names (A-Z a-z 0-9 _) or glob patterns (MYAPP_*, *_HOME, with * ? [ ]), "
+    "as a list or one string separated by commas or spaces"
+)
+
+
+def export_env_entries(field: str, value: Any) -> tuple[str, ...]:
+    """The ``export_env`` setting: the variables a job gets besides the default list
+    (above); a name (or a pattern's fixed start) that is never exported is refused,
+    saying why."""
+    if isinstance(value, str):
+        value = [entry for entry in _EXPORT_SEPARATORS.split(value) if entry]
+    entries = _names(field, value)
+    for entry in entries:
+        plain = not is_pattern(entry)
+        if not (_NAME if plain else _EXPORT_PATTERN).fullmatch(entry):
+            raise SpecError(field, entry, _EXPORT_ALLOWED)
+        never = never_reason(entry if plain else _WILDCARDS.split(entry, maxsplit=1)[0])
+        if never:
+            raise SpecError(field, entry, f"another variable: {never}")
+    return tuple(dict.fromkeys(entries))
+
+
+def _names(field: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise SpecError(field, value, _EXPORT_ALLOWED)
 
 
 def parse_env0(output: str) -> tuple[str, list[str]]:

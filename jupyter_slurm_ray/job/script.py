@@ -1,18 +1,24 @@
-"""Renders the sbatch script of one cluster from a ClusterSpec: #SBATCH lines, setup lines, exec."""
+"""What a cluster's job is given, from its ClusterSpec, pure: the sbatch script (#SBATCH lines,
+setup lines, exec) and the bootstrap's settings (``bootstrap.json``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
+from ..bootstrap.jsr_wire import Settings
 from ..errors import SpecError
 from ..naming import CLUSTER_ID_ALLOWED, is_cluster_id, job_comment, worker_job_comment
-from ..spec import ClusterSpec
+from ..slurm.output import expand_hostlist
+from ..spec import FIELD_NAMES, ClusterSpec
 
 __all__ = [
     "SETUP_FAILED_EXIT",
     "UNTRUSTED_JOB_DIR_EXIT",
+    "bootstrap_settings",
     "env_section",
     "render_job_script",
     "sbatch_directives",
@@ -235,3 +241,23 @@ def _checked_command(command: Sequence[str]) -> list[str]:
         if not isinstance(argument, str) or re.search(r"[\r\n\x00]", argument):
             raise SpecError("command", command, allowed)
     return list(command)
+
+
+def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
+    """``bootstrap.json``: every field of the bootstrap's ``Settings``, the spec's setting of
+    the same name unless given here."""
+    here = spec.mode == "here"
+    values = {
+        item.name: getattr(spec, item.name)
+        for item in dataclasses.fields(Settings)
+        if item.name in FIELD_NAMES
+    }
+    values.update(
+        cluster_id=cluster_id,
+        ray_start_args=list(spec.ray_start_args),
+        env=dict(spec.env),
+        lock_dir=spec.port_lock_dir,
+        here_hosts=expand_hostlist(spec.here_nodes or "") if here else [],
+        cpus_per_node=spec.cpus_per_node if here else None,  # the steps' CPUs (mode 'here')
+    )
+    return dataclasses.asdict(Settings(**values))

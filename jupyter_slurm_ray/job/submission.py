@@ -26,7 +26,7 @@ from ..spec import ClusterSpec
 from ..transport import Transport
 from . import packs
 from .directory import JobDir, probe_site
-from .script import render_job_script
+from .script import bootstrap_settings, render_job_script
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ async def submit(
         if spec.environment == "pack":
             root = job_dir.path.rsplit("/", 1)[0]
             await packs.ship_pack(job_dir.transport, packs.describe_environment(), root)
-        await job_dir.create(spec, cluster_id, script=script, lease=lease)
+        settings = bootstrap_settings(spec, cluster_id)
+        await job_dir.create(settings, script=script, lease=lease)
     except SlurmRayError:
         forget_record()  # nothing was written: leave nothing behind
         raise

@@ -1,17 +1,22 @@
 """Which scheduler runs a cluster's jobs, chosen once: by the cluster's mode for a new cluster
 (Slurm's sbatch, local mode's processes of this machine, or steps of the kernel's own
 allocation), by the job's id for a known one (``local-<pid>``, ``here-<allocation>-<pid>``, else
-Slurm's). A transport only says where the commands run."""
+Slurm's). A transport only says where the commands run. And the one watcher of a transport
+(``watcher_for``), whose query asks each kind for its own jobs."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
 
 from ..transport import Transport
 from .client import JobInfo, SlurmClient
 from .heresteps import HereSteps, is_here_job_id
 from .localjobs import LocalJobs, is_local_job_id
 from .queuecache import SharedQueue
+from .watch import JobWatcher
 
 
 def scheduler_for_mode(
@@ -71,3 +76,28 @@ async def _asked(
         return await other.query(job_ids, max_age=max_age)
     finally:
         scheduler.commands_run += other.commands_run
+
+
+_watchers: weakref.WeakKeyDictionary[Transport, JobWatcher] = weakref.WeakKeyDictionary()
+
+
+def watcher_for(
+    transport: Transport, interval: float = 1.0, shared_dir: Path | None = None
+) -> JobWatcher:
+    """The one watcher of a transport (created on first use, on the running loop). With
+    ``shared_dir`` (the user's state dir), its queries share the user's queue on this host."""
+    watcher = _watchers.get(transport)
+    if watcher is None:
+        slurm = SlurmClient(transport)
+        watcher = JobWatcher(slurm, interval, partial(_query_jobs, slurm))
+        _watchers[transport] = watcher
+    if shared_dir is not None and watcher.slurm.shared is None:
+        watcher.slurm.shared = SharedQueue(shared_dir, transport.target)
+    watcher.interval = min(watcher.interval, interval)
+    return watcher
+
+
+async def _query_jobs(
+    scheduler: SlurmClient, job_ids: list[str], max_age: float
+) -> dict[str, JobInfo]:
+    return await query_jobs(scheduler, job_ids, max_age=max_age)

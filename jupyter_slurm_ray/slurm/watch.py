@@ -18,16 +18,11 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from ..errors import SlurmUnavailable
-from ..transport import Transport
 from .client import JobInfo, SlurmClient
-from .queuecache import SharedQueue
-from .schedulers import query_jobs
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +49,21 @@ class Answer:
 
 
 Callback = Callable[[Answer], Awaitable[None]]
+Query = Callable[[list[str], float], Awaitable[dict[str, JobInfo]]]  # (job ids, max age)
 
 
 class JobWatcher:
     """Ticks for all subscribed jobs, asks Slurm for all of them at once when due."""
 
-    def __init__(self, slurm: SlurmClient, interval: float = 1.0) -> None:
+    def __init__(
+        self, slurm: SlurmClient, interval: float = 1.0, query: Query | None = None
+    ) -> None:
+        """``query`` asks for the jobs (``slurm.query`` unless given: ``schedulers.watcher_for``
+        gives one that asks for jobs of any kind)."""
         self.slurm = slurm
+        self.query: Query = query or (
+            lambda job_ids, max_age: slurm.query(job_ids, max_age=max_age)
+        )
         self.interval = interval
         self._subscribers: dict[str, list[Callback]] = {}
         self._pace: dict[str, float] = {}  # job -> seconds between Slurm queries it needs
@@ -72,6 +75,9 @@ class JobWatcher:
         self._wakeup = asyncio.Event()
         self.polls = 0  # queries made
         self.silent_since: float | None = None
+
+    async def _ask_slurm(self, job_ids: list[str], max_age: float) -> dict[str, JobInfo]:
+        return await self.slurm.query(job_ids, max_age=max_age)
 
     def watch(
         self, job_id: str, callback: Callback, pace: float | None = None, tick: float | None = None
@@ -134,7 +140,7 @@ class JobWatcher:
         self._asked_at = time.monotonic()
         self.polls += 1
         asked = time.time()
-        query = asyncio.ensure_future(query_jobs(self.slurm, job_ids, max_age=max_age))
+        query = asyncio.ensure_future(self.query(job_ids, max_age))
         try:
             done, _ = await asyncio.wait({query}, timeout=SLOW_ANSWER)
         except asyncio.CancelledError:
@@ -186,21 +192,3 @@ class JobWatcher:
             return min(MAX_SILENT_INTERVAL, max(self.interval, silent_for / 4))
         tick = min(self._tick.values(), default=self.interval)
         return max(self.interval, min(self.pace, tick, EVENTS_TICK))
-
-
-_watchers: weakref.WeakKeyDictionary[Transport, JobWatcher] = weakref.WeakKeyDictionary()
-
-
-def watcher_for(
-    transport: Transport, interval: float = 1.0, shared_dir: Path | None = None
-) -> JobWatcher:
-    """The one watcher of a transport (created on first use, on the running loop). With
-    ``shared_dir`` (the user's state dir), its queries share the user's queue on this host."""
-    watcher = _watchers.get(transport)
-    if watcher is None:
-        watcher = JobWatcher(SlurmClient(transport), interval)
-        _watchers[transport] = watcher
-    if shared_dir is not None and watcher.slurm.shared is None:
-        watcher.slurm.shared = SharedQueue(shared_dir, transport.target)
-    watcher.interval = min(watcher.interval, interval)
-    return watcher

@@ -1,24 +1,32 @@
 """How durations, sizes, statuses and usage read for humans: one formatter for every view of a
-cluster (the magics, the panel, the reprs, the CLI)."""
+cluster (the magics, the panel, the reprs, the live view, the CLI), with the state's badge and
+the dashboard's links. Values in, words out: nothing here reads a cluster object."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..naming import DASHBOARD_BASE_ENV
+from ..slurm.queueinfo import QueueInsight, queue_insight
+from ..slurm.walltime import warning_due
 from ..states import State, Status, WorkerJobStatus
 
 if TYPE_CHECKING:
-    from ..slurm.queueinfo import QueueInsight
     from ..slurm.usage import Usage
+    from ..spec import ClusterSpec
 
 __all__ = [
+    "badge_html",
     "connection_text",
+    "dashboard_links",
     "extension_line",
     "format_bytes",
     "format_duration",
     "scaling_text",
+    "spec_status_line",
     "status_line",
     "usage_summary",
     "walltime_warning_line",
@@ -176,3 +184,43 @@ def extension_line(name: str, minutes: int, time_left: int | None, time_limit: i
         f"{name}: walltime extended by {minutes} min: {format_duration(time_left)} left "
         f"(time limit {format_duration(time_limit)})"
     )
+
+
+_COLOURS = {
+    State.SUBMITTING: "#6c757d",
+    State.PENDING: "#b8860b",
+    State.STARTING: "#1f6feb",
+    State.READY: "#2e7d32",
+    State.CONNECTED: "#2e7d32",
+    State.STOPPING: "#6c757d",
+    State.STOPPED: "#6c757d",
+}
+_FAILURE_COLOUR = "#c62828"
+
+
+def badge_html(state: State) -> str:
+    colour = _COLOURS.get(state, _FAILURE_COLOUR)
+    return (
+        f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
+        f'font-family:monospace;font-size:90%">{state.value}</span>'
+    )
+
+
+def dashboard_links(cluster_id: str, dashboard_url: str | None) -> dict[str, str]:
+    """``{"proxied": …, "direct": …}``: the dashboard through Jupyter (behind its login) when
+    this kernel's server runs the extension, and the address on the cluster network."""
+    links = {}
+    base = os.environ.get(DASHBOARD_BASE_ENV)
+    if base:
+        links["proxied"] = f"{base.rstrip('/')}/{cluster_id}/"
+    if dashboard_url:
+        links["direct"] = dashboard_url
+    return links
+
+
+def spec_status_line(status: Status, spec: ClusterSpec, *, since: float | None = None) -> str:
+    """The status line of a cluster of ``spec``, with the queue insight if PENDING and the
+    walltime warning when due."""
+    queue = queue_insight(status, partition=spec.partition, nodes=spec.nodes)
+    warning = warning_due(status, spec.walltime_warning)
+    return status_line(status, since=since, queue=queue, warning=warning)

@@ -24,8 +24,14 @@ from ..aio import background_loop
 from ..slurm.usage import Usage, fetch_usage
 from ..slurm.walltime import warning_due
 from ..states import Status
-from .formatting import status_line, usage_summary, walltime_warning_line
-from .reprs import badge_html, cluster_line, dashboard_links
+from .formatting import (
+    badge_html,
+    dashboard_links,
+    spec_status_line,
+    status_line,
+    usage_summary,
+    walltime_warning_line,
+)
 
 if TYPE_CHECKING:
     from ..cluster import SlurmRayCluster
@@ -178,7 +184,7 @@ class StatusView(widgets.VBox):
         since = _since(cluster) if cluster is not None else None
         self.badge.value = badge_html(status.state)
         if cluster is not None:
-            line = cluster_line(cluster, since=since, status=status)
+            line = spec_status_line(status, cluster.spec, since=since)
         else:
             line = status_line(status)
         self.line.value = f"<span>{html.escape(line)}</span>"
@@ -201,11 +207,13 @@ class StatusView(widgets.VBox):
     def __repr__(self) -> str:
         if self.cluster is None:
             return "StatusView(no cluster)"
-        return f"{self.cluster.spec.name}: {cluster_line(self.cluster)}"
+        return (
+            f"{self.cluster.spec.name}: {spec_status_line(self.cluster.status, self.cluster.spec)}"
+        )
 
 
 def _links_html(cluster: SlurmRayCluster) -> str:
-    links = dashboard_links(cluster)
+    links = dashboard_links(cluster.id, cluster.dashboard_url)
     url = links.get("proxied") or links.get("direct")
     if not url or not cluster.state.is_up:
         return ""
@@ -225,7 +233,7 @@ class TextProgress:
         self._on_status(cluster.status)
 
     def _on_status(self, status: Status) -> None:
-        line = cluster_line(self.cluster, status=status)
+        line = spec_status_line(status, self.cluster.spec)
         if line != self._last:
             self._last = line
             stream = self.stream or sys.stdout

@@ -33,10 +33,10 @@ from ..spec import ClusterSpec, ignored_here
 from ..states import State
 from . import commands
 from .adaptcommand import adapt_command
-from .formatting import status_line
+from .formatting import dashboard_links, status_line
 from .live import Notices, StatusView, TextProgress, frontend_has_widgets
 from .magic_args import ArgumentError, HelpRequested, parse, setup_lines, spec_arguments
-from .reprs import cluster_line, cluster_mimebundle, dashboard_links
+from .reprs import cluster_line, cluster_mimebundle
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class SlurmRayMagics(Magics):
 
     def _summary(self, cluster: SlurmRayCluster) -> None:
         print(f"{cluster.spec.name} ({cluster.id}): {cluster_line(cluster)}")
-        links = dashboard_links(cluster)
+        links = dashboard_links(cluster.id, cluster.dashboard_url)
         if links and cluster.state.is_up:
             print(f"dashboard: {links.get('proxied') or links['direct']}")
 
@@ -242,7 +242,7 @@ class SlurmRayMagics(Magics):
 
     def _dashboard(self, args: argparse.Namespace, cell: str | None) -> None:
         cluster = self.session.find(args.name)
-        links = dashboard_links(cluster) if cluster.state.is_up else {}
+        links = dashboard_links(cluster.id, cluster.dashboard_url) if cluster.state.is_up else {}
         if not links:
             raise SlurmRayError(
                 f"{cluster.spec.name} has no dashboard now ({status_line(cluster.status)}); "

@@ -1,23 +1,24 @@
-"""How a cluster looks in a notebook: status lines, HTML badges and the cluster's rich repr
-(state, queue insight, walltime, nodes, owner, request, usage)."""
+"""How a cluster looks in a notebook: its status line and its rich repr (state, queue insight,
+walltime, nodes, owner, request, usage). The pieces it shares with the live view (badges,
+dashboard links, a status's line) are ``formatting.py``'s."""
 
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..naming import DASHBOARD_BASE_ENV
 from ..slurm.queueinfo import QueueInsight, queue_insight
 from ..slurm.usage import cached_usage
 from ..slurm.walltime import warning_due
-from ..states import State, Status
+from ..states import Status
 from .formatting import (
+    badge_html,
     connection_text,
+    dashboard_links,
     format_duration,
     scaling_text,
-    status_line,
+    spec_status_line,
     usage_summary,
 )
 
@@ -25,43 +26,10 @@ if TYPE_CHECKING:
     from ..cluster import SlurmRayCluster
 
 __all__ = [
-    "badge_html",
     "cluster_line",
     "cluster_mimebundle",
     "cluster_queue",
-    "dashboard_links",
 ]
-
-_COLOURS = {
-    State.SUBMITTING: "#6c757d",
-    State.PENDING: "#b8860b",
-    State.STARTING: "#1f6feb",
-    State.READY: "#2e7d32",
-    State.CONNECTED: "#2e7d32",
-    State.STOPPING: "#6c757d",
-    State.STOPPED: "#6c757d",
-}
-_FAILURE_COLOUR = "#c62828"
-
-
-def badge_html(state: State) -> str:
-    colour = _COLOURS.get(state, _FAILURE_COLOUR)
-    return (
-        f'<span style="background:{colour};color:white;border-radius:4px;padding:1px 6px;'
-        f'font-family:monospace;font-size:90%">{state.value}</span>'
-    )
-
-
-def dashboard_links(cluster: SlurmRayCluster) -> dict[str, str]:
-    """``{"proxied": …, "direct": …}``: the dashboard through Jupyter (behind its login) when
-    this kernel's server runs the extension, and the address on the cluster network."""
-    links = {}
-    base = os.environ.get(DASHBOARD_BASE_ENV)
-    if base:
-        links["proxied"] = f"{base.rstrip('/')}/{cluster.id}/"
-    if cluster.dashboard_url:
-        links["direct"] = cluster.dashboard_url
-    return links
 
 
 def cluster_queue(cluster: SlurmRayCluster, status: Status | None = None) -> QueueInsight | None:
@@ -74,9 +42,7 @@ def cluster_line(
     cluster: SlurmRayCluster, *, since: float | None = None, status: Status | None = None
 ) -> str:
     """The cluster's status line (now, or ``status``), with the queue insight if PENDING."""
-    status = status or cluster.status
-    warning = warning_due(status, cluster.spec.walltime_warning)
-    return status_line(status, since=since, queue=cluster_queue(cluster, status), warning=warning)
+    return spec_status_line(status or cluster.status, cluster.spec, since=since)
 
 
 def _walltime(cluster: SlurmRayCluster) -> str | None:
@@ -146,7 +112,7 @@ def cluster_mimebundle(
 ) -> dict[str, str]:
     """text/plain and text/html of a cluster, for ``SlurmRayCluster._repr_mimebundle_``."""
     rows = list(_rows(cluster))
-    links = dashboard_links(cluster)
+    links = dashboard_links(cluster.id, cluster.dashboard_url)
     if links:
         rows.append(("dashboard", links.get("proxied") or links["direct"]))
     title = f"SlurmRayCluster {cluster.spec.name}"

@@ -37,7 +37,7 @@ from jupyter_slurm_ray.naming import DASHBOARD_BASE_ENV
 from jupyter_slurm_ray.owner import ProcessIdentity
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.server.manager import ClusterManager
-from jupyter_slurm_ray.slurm.watch import watcher_for
+from jupyter_slurm_ray.slurm.schedulers import watcher_for
 from jupyter_slurm_ray.spec import ClusterSpec
 
 from ..helpers.fakeslurm import FakeSlurm, FakeTransport

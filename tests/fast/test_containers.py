@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.job.directory import bootstrap_settings
+from jupyter_slurm_ray.job.script import bootstrap_settings
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 

@@ -19,7 +19,7 @@ import pytest
 
 from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import ArgumentError, ExtendRefused, SpecError
-from jupyter_slurm_ray.job.directory import bootstrap_settings
+from jupyter_slurm_ray.job.script import bootstrap_settings
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
 from jupyter_slurm_ray.slurm.hereplan import (

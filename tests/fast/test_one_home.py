@@ -11,7 +11,7 @@ import re
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SPEC_SETTINGS, SlurmRay
-from jupyter_slurm_ray.job.directory import bootstrap_settings
+from jupyter_slurm_ray.job.script import bootstrap_settings
 from jupyter_slurm_ray.spec import FIELD_NAMES, ClusterSpec
 from jupyter_slurm_ray.ui.magic_args import _SPEC_OPTIONS, parse
 

@@ -20,7 +20,7 @@ from jupyter_slurm_ray.naming import (
 )
 from jupyter_slurm_ray.registry import ClusterRecord
 from jupyter_slurm_ray.slurm.client import SlurmClient
-from jupyter_slurm_ray.slurm.watch import watcher_for
+from jupyter_slurm_ray.slurm.schedulers import watcher_for
 from jupyter_slurm_ray.states import State
 
 from ..helpers.bootstrap import bootstrap_module

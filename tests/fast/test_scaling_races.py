@@ -19,7 +19,7 @@ from jupyter_slurm_ray.elastic.policy import AdaptSettings
 from jupyter_slurm_ray.elastic.raydemand import RayView, Shape
 from jupyter_slurm_ray.errors import Conflict, SlurmRayError, SubmitOutcomeUnknown
 from jupyter_slurm_ray.naming import cluster_id_of_worker_comment
-from jupyter_slurm_ray.slurm.watch import watcher_for
+from jupyter_slurm_ray.slurm.schedulers import watcher_for
 
 from ..helpers.waiting import until
 from .conftest import emit
