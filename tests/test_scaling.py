@@ -30,7 +30,8 @@ from .helpers.jobs import in_queue
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+# exclusive: scaled to a head and 3 worker jobs, two thirds of the testbed's CPUs
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
 

@@ -208,6 +208,7 @@ def test_the_server_cancels_a_cluster_whose_kernel_died_without_waiting(server, 
 def test_hostile_and_broken_records_run_nothing_and_the_api_keeps_working(server, root, tmp_path):
     canary = tmp_path / "touched"
     clusters = root / "state" / "clusters"
+    clusters.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the registry makes it
     hostile = {
         "id": "evil-0001",
         "name": "evil",

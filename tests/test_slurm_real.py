@@ -54,6 +54,7 @@ async def watch_until(slurm: SlurmClient, job_id: str, done, timeout: float = 60
     raise AssertionError(f"job {job_id} never got there; seen {[i.state for i in seen]}")
 
 
+@pytest.mark.exclusive  # two nodes at once, within the watch's bounded wait
 async def test_two_node_job_goes_pending_running_completed(
     transport, unique_name, cancel_jobs, testbed
 ):
