@@ -36,8 +36,9 @@ from .helpers.jobs import in_queue
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
-# one worker runs the hub's and OOD's tests: they share the login node's web front ends
-pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.xdist_group("hub-and-ood")]
+# exclusive: run beside the parallel tests, the hub lost alice's server and Apache stopped
+# answering mid-module (twice; the cause is not found yet): alone they pass
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]
 
 API = "slurm-ray/api/clusters"
 IDLE = 20.0  # the cluster's owner_timeout: its lease goes stale 20 s after its owner
