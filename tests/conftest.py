@@ -13,6 +13,7 @@ import logging
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -33,6 +34,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the controller
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under ``--dist loadgroup`` every test id a worker collected carries its group: when
+    none does, pytest-xdist ignores the groups without a word (pytest-xdist#1386, pytest 9.2)
+    and tests that must not share the testbed would run at once."""
+    if node.config.getoption("dist") != "loadgroup" or not ids:
+        return
+    if not any("@" in nodeid for nodeid in ids):
+        pytest.exit(
+            f"--dist loadgroup has no effect with pytest {pytest.__version__} and this "
+            f"pytest-xdist ({ids[0]} has no group in its id): install the versions the [test] "
+            "extra in pyproject.toml allows (scripts/setup --tests)",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -156,10 +156,11 @@ def test_stale_lease_stops_the_cluster_unless_detached(jobs: list[JobDir]) -> No
     jobs.extend([owned, detached])
     for job in (owned, detached):
         job.submit()
-    owned.wait_started()
     beat, started = 0, time.monotonic()
-    while not [e for e in owned.events() if e["event"] == "ready"]:  # the owner is alive
-        assert time.monotonic() - started < 90, owned.diagnostics()
+    # the owner is alive from the submission on: on a busy testbed the job may wait in the
+    # queue for longer than owner_timeout
+    while not [e for e in owned.events() if e["event"] == "ready"]:
+        assert time.monotonic() - started < 150, owned.diagnostics()
         beat += 1
         owned.lease(f"{beat}\n")
         last_beat = time.monotonic()
@@ -186,11 +187,11 @@ def test_missing_ray_fails_fast(jobs: list[JobDir]) -> None:
     job = JobDir.create(nodes=1)
     jobs.append(job)
     job.submit(setup="export PATH=/usr/bin:/bin", python="/usr/bin/python3")
-    error = job.wait_for_event(lambda e: e["event"] == "error", 15, fail_on_error=False)
+    error = job.wait_for_event(lambda e: e["event"] == "error", 60, fail_on_error=False)
     assert "`ray` command is not on PATH (/usr/bin:/bin)" in error["reason"]
     assert "ray[default]" in error["reason"]
     began = next(e for e in job.events() if e.get("phase") == "bootstrap")
-    assert error["t"] - began["t"] < 5
+    assert error["t"] - began["t"] < job.settings["start_timeout"] / 2  # not by the timeout
     wait_until_gone(job.job_id, 10)
     assert job.events()[-1]["event"] == "stopped" and job.events()[-1]["exit_code"] == 1
 
@@ -226,11 +227,13 @@ def test_a_worker_that_cannot_start_fails_the_cluster_fast(jobs: list[JobDir]) -
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node1,node2"])
     error = job.wait_for_event(
-        lambda e: e["event"] == "error" and e["role"] == "head", 30, fail_on_error=False
+        lambda e: e["event"] == "error" and e["role"] == "head", 60, fail_on_error=False
     )
     assert error["reason"].startswith("the worker on node2 failed: node_ip_address_command")
+    # found by the head from the worker's own report, not by waiting out the start timeout
+    assert not [e for e in job.events() if e["event"] == "ready"]
     began = next(e for e in job.events() if e.get("phase") == "bootstrap")
-    assert error["t"] - began["t"] < 10
+    assert error["t"] - began["t"] < job.settings["start_timeout"] / 2
     wait_until_gone(job.job_id, 15)
     assert_cleaned_up(job)
 

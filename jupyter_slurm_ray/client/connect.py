@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # the same race, retried alike.
 _TRANSIENT = (
     "Starting Ray client server failed",
+    # the proxier gave up waiting for its per-client server (slow to start on a busy head, or
+    # its port taken by another user): a retry gets a new server
+    "Proxy failed to Connect to backend",
     "ray client connection timeout",
     "ZombieProcess",
     "session that has already been cleaned up",
