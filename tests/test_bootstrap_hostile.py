@@ -229,13 +229,15 @@ def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
     assert [c["start"] for c in claims() if c["job_id"] == plain.job_id] == [expected]
 
     connection = squatted.wait_ready(120)
-    assert connection["ports"]["node_manager"] == order[1]  # the next derived block
+    # a later derived block: the next one, unless another test's cluster holds it
+    start = connection["ports"]["node_manager"]
+    assert start in order[1:], (start, order[:5])
     assert dashboard in bobs[0].squatted()
     assert not [e for e in squatted.events() if e["event"] == "ports_retry"]  # the probe saw it
     cancel_and_check_cleanup(plain)
     cancel_and_check_cleanup(squatted)
     assert_no_token_reached(bobs[0], tokens.stop())
-    log(f"hash_jobid: job {plain.job_id} -> {expected}; {squatted.job_id} -> {order[1]}")
+    log(f"hash_jobid: job {plain.job_id} -> {expected}; {squatted.job_id} -> {start}")
 
 
 @pytest.mark.testbed
