@@ -28,9 +28,16 @@ async def submit_script(transport: Transport, script: str, job_dir: str) -> str:
     return await SlurmClient(transport).submit(path)
 
 
-def _squeue(*argv: str) -> str:
-    done = subprocess.run(["squeue", "-h", *argv], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
+def _squeue(*argv: str, attempts: int = 5) -> str:
+    """squeue's answer; ``""`` for a job slurmctld no longer knows. A busy slurmctld may not
+    answer in time: asked again, a bounded number of times, never read as "no such job"."""
+    for attempt in range(1, attempts + 1):
+        done = subprocess.run(["squeue", "-h", *argv], capture_output=True, text=True)
+        if done.returncode == 0 or "Invalid job id" in done.stderr:
+            return done.stdout.strip()
+        if attempt < attempts:
+            time.sleep(attempt)
+    raise AssertionError(f"squeue {' '.join(argv)} failed {attempts} times: {done.stderr}")
 
 
 def queue_state(job_id: str) -> str:
