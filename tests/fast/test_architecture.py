@@ -59,6 +59,11 @@ def test_the_top_level_is_the_core_and_each_wing_a_folder():
     assert folders == sorted(WINGS)
 
 
+def test_the_cluster_knows_its_elastic_part_only_as_elastic_part_names_it():
+    elastic = {t for t in package_graph().arrows["cluster"] if t.startswith("elastic.")}
+    assert elastic <= {"elastic.part", "elastic.policy"}, elastic  # policy: AdaptSettings
+
+
 def test_the_layers_do_not_grow():
     assert max(package_graph().layers().values()) <= MOST_LAYERS
 
