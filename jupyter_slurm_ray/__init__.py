@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import display
+from .elastic import part as elastic_part
 from .errors import (
     CommandError,
     ConnectError,
@@ -14,6 +16,10 @@ from .errors import (
     SpecError,
     TransportError,
 )
+
+if TYPE_CHECKING:
+    from .elastic.host import ClusterHost
+    from .slurm.client import SlurmClient
 
 __version__ = "0.1.0"
 
@@ -74,6 +80,19 @@ def _progress_bar(what: str, total: int) -> Any:
 
 
 display.set_renderer(_cluster_mimebundle, _status_line, _progress_bar)
+
+
+def _elastic(
+    host: ClusterHost, slurm: SlurmClient, on_change: Callable[[], None]
+) -> elastic_part.ElasticPart:
+    """A cluster's elastic part (worker jobs, scaling, adapt, rotation): ``Elastic``, imported
+    when the first cluster is made (importing the package stays cheap)."""
+    from .elastic.scaling import Elastic
+
+    return Elastic(host, slurm, on_change)
+
+
+elastic_part.set_maker(_elastic)
 
 
 def load_ipython_extension(ipython: Any) -> None:

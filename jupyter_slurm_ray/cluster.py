@@ -33,10 +33,8 @@ from .client import connect as ray_client
 from .client.side import ClientSide
 from .clientevents import append_event
 from .config import adapt_defaults as config_adapt_defaults
-from .elastic.adapt import Adapter
+from .elastic.part import AdaptLoop, ElasticPart, ElasticWorkers, MakeElastic, package_maker
 from .elastic.policy import AdaptSettings
-from .elastic.scaling import Elastic
-from .elastic.workerjobs import WorkerJobs
 from .errors import (
     ClusterTimeout,
     ConnectError,
@@ -103,12 +101,15 @@ class SlurmRayCluster:
         process: ProcessIdentity | None = None,
         driver_hosts: Sequence[str] | None = None,
         adapt_defaults: AdaptDefaults | None = None,
+        elastic: MakeElastic | None = None,
     ) -> None:
         """``process``: whose cluster object this is (default: this process's); the fast
         tests model a second kernel with it. ``driver_hosts``: ``SlurmRay.driver_hosts``
         (None: from its environment variable). ``adapt_defaults``: adapt's settings where a
         request leaves them out, read when adapt is asked for (``config.adapt_defaults`` of
-        the process's configuration; None: of the environment)."""
+        the process's configuration; None: of the environment). ``elastic``: what makes the
+        cluster's elastic part (None: the package's, ``elastic/scaling.py``'s ``Elastic``; the
+        cluster knows it as ``elastic/part.py`` names it)."""
         self.spec = spec
         self.adapt_defaults: AdaptDefaults = adapt_defaults or config_adapt_defaults
         self.transport = transport or LocalTransport()
@@ -135,7 +136,8 @@ class SlurmRayCluster:
         self._client = ClientSide(
             self.transport, self.registry, self.id, self._save_record, driver_hosts
         )
-        self.elastic = Elastic(self, self.slurm, self._update_state)  # worker jobs, adapt…
+        make_elastic = elastic or package_maker()
+        self.elastic: ElasticPart = make_elastic(self, self.slurm, self._update_state)
         self._cancels: set[asyncio.Future[None]] = set()  # worker job cancels under way
         self._stopping = False
         self._detached = False
@@ -171,7 +173,7 @@ class SlurmRayCluster:
         return self.ownership.role is Role.OBSERVER
 
     @property
-    def workers(self) -> WorkerJobs:
+    def workers(self) -> ElasticWorkers:
         """The cluster's extra worker jobs (``elastic.workers``)."""
         return self.elastic.workers
 
@@ -235,6 +237,7 @@ class SlurmRayCluster:
         process: ProcessIdentity | None = None,
         driver_hosts: Sequence[str] | None = None,
         adapt_defaults: AdaptDefaults | None = None,
+        elastic: MakeElastic | None = None,
     ) -> SlurmRayCluster:
         """Rebuild a cluster object from its registry record (see :meth:`attach_async`): it
         reads, and may stop the cluster, but neither owns nor observes it until attached.
@@ -251,6 +254,7 @@ class SlurmRayCluster:
             process=process,
             driver_hosts=driver_hosts,
             adapt_defaults=adapt_defaults,
+            elastic=elastic,
         )
         cluster.ownership.know_record(record)
         cluster.job_dir = record.job_dir or None
@@ -583,7 +587,7 @@ class SlurmRayCluster:
     stop_adapting = blocking(stop_adapting_async)
 
     @property
-    def adapting(self) -> Adapter | None:
+    def adapting(self) -> AdaptLoop | None:
         """The running adaptive loop, if any (its settings, decisions, last error)."""
         return self.elastic.adapting
 

@@ -35,7 +35,7 @@ from traitlets import (
 from traitlets.config import Configurable
 from traitlets.traitlets import MetaHasTraits
 
-from .elastic.policy import ADAPT_OPTIONS
+from .elastic.adaptoptions import ADAPT_OPTIONS
 from .errors import SpecError
 from .spec import FIELD_NAMES, FORMER_NAMES, ClusterSpec, resolve
 from .transport import LocalTransport, SSHTransport, Transport
@@ -144,7 +144,7 @@ _ClusterSettings: Any = MetaHasTraits(
             )
             for former, name in FORMER_NAMES.items()
         },
-        # adapt's settings beside its bounds, from their declaration in elastic/policy.py
+        # adapt's settings beside its bounds, from their declaration in elastic/adaptoptions.py
         **{
             option.setting: _trait(option.kind, f"{option.help} (default {option.default:g}).")
             for option in ADAPT_OPTIONS

@@ -1,4 +1,5 @@
-"""The names that tie a cluster's pieces together: its id, its Slurm job tag, its target name.
+"""The names that tie a cluster's pieces together: its id, its Slurm job tag, its target name,
+the id of its head step in a kernel's allocation (``--here``).
 
 One definition each, used by the job script, the registry, the inventory and the server.
 """
@@ -10,6 +11,8 @@ import secrets
 import shlex
 from collections.abc import Mapping
 from typing import Any
+
+from .errors import SlurmError
 
 #: A cluster id: 4 to 64 of a-z 0-9 -, starting with a letter or digit (a file name, a URL
 #: segment and a job comment at once, so nothing that needs quoting anywhere).
@@ -28,6 +31,19 @@ DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 #: The job id of a cluster's head step in its kernel's own allocation (mode 'here', see
 #: slurm/heresteps.py): ``here-<allocation>-<runner pid>``, never a Slurm job id.
 HERE_JOB_ID = re.compile(r"here-([0-9]+(?:_[0-9]+)?)-([0-9]+)", re.ASCII)
+
+
+def is_here_job_id(job_id: object) -> bool:
+    """``here-<allocation>-<pid>``: the id of a cluster's head step in its kernel's allocation."""
+    return isinstance(job_id, str) and HERE_JOB_ID.fullmatch(job_id.strip()) is not None
+
+
+def allocation_of(job_id: str) -> str:
+    """The allocation (a Slurm job id) a here-step id names."""
+    match = HERE_JOB_ID.fullmatch(job_id.strip())
+    if match is None:
+        raise SlurmError(f"not the id of a --here step: {job_id!r} (expected here-<job>-<pid>)")
+    return match.group(1)
 
 
 def is_cluster_id(value: object) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..bootstrap.jsr_wire import SETTINGS_FILE
 from ..errors import SlurmRayError
-from ..slurm.heresteps import allocation_of, is_here_job_id
+from ..naming import allocation_of, is_here_job_id
 from ..spec import ClusterSpec
 from ..transport import Transport
 

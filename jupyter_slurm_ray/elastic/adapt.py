@@ -25,10 +25,10 @@ from ..bootstrap import dashhttp
 from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event
 from ..clientevents import append_event
 from ..errors import SlurmRayError
+from .adaptoptions import ADAPT_DEFAULTS
 from .groups import DEFAULT_GROUP
 from .moves import Moves, WorkerBook
 from .policy import (
-    ADAPT_DEFAULTS,
     AdaptSettings,
     Decision,
     JobView,
@@ -335,7 +335,7 @@ def checked_or_default(
 ) -> AdaptSettings:
     """``checked_settings`` with each setting left out (None) at its default: the head's
     nodes as the minimum, the others from ``defaults`` (``config.adapt_defaults``: the
-    ``SlurmRay.adapt_*`` settings, else ``policy.ADAPT_OPTIONS``' own)."""
+    ``SlurmRay.adapt_*`` settings, else ``adaptoptions.ADAPT_OPTIONS``' own)."""
     return checked_settings(
         head_nodes if minimum is None else minimum,
         maximum,

@@ -28,37 +28,12 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecError
 from ..slurm.queueinfo import explain_reason
+from .adaptoptions import ADAPT_DEFAULTS
 from .groups import DEFAULT_GROUP
 from .raydemand import Demand, PlacementDemand, Shape, describe_demand, nodes_for
 
 
 # -- the settings ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class AdaptOption:
-    """One setting of ``adapt`` beside its bounds, declared once: the ``adapt()`` keyword and
-    ``AdaptSettings`` field ``name``, its default, and the ``SlurmRay.adapt_<name>`` setting
-    (of ``kind``, with ``help``) that changes the default wherever adapt is asked for (the
-    magic, the CLI, the REST API, another process's request)."""
-
-    name: str
-    kind: str  # "float" or "int": the SlurmRay trait's kind
-    default: float
-    help: str
-
-    @property
-    def setting(self) -> str:
-        return f"adapt_{self.name}"
-
-
-ADAPT_OPTIONS = (
-    AdaptOption(
-        "idle_timeout", "float", 60.0, "Seconds a node runs nothing before `adapt` retires it"
-    ),
-    AdaptOption("max_pending", "int", 2, "Worker jobs `adapt` lets wait in Slurm's queue at once"),
-)
-ADAPT_DEFAULTS: Mapping[str, float] = {option.name: option.default for option in ADAPT_OPTIONS}
-
-
 @dataclass(frozen=True)
 class AdaptSettings:
     """What ``adapt()`` was asked: node bounds (in all), idle seconds, pending jobs at once."""

@@ -3,8 +3,9 @@ its owner) or asking the owner to (anyone else), adapting to Ray's demand (the l
 ``adapt.py``), walltime rotation (``rotation.py``), and the owner's reading of the events that
 concern them (other processes' requests).
 
-The cluster holds one ``Elastic`` and gives it what it reads of the cluster (``host.py``); the
-worker jobs themselves, and the moves on them, are ``workerjobs.WorkerJobs``.
+The cluster holds one ``Elastic``, made for it by the package's maker (``part.py``: the cluster
+never imports this module), and gives it what it reads of the cluster (``host.py``); the worker
+jobs themselves, and the moves on them, are ``workerjobs.WorkerJobs``.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
-from ..naming import HERE_JOB_ID
+from ..naming import allocation_of, is_here_job_id
 from ..transport import Transport
 from .client import JobInfo, SlurmClient, is_script_text, run_program, script_options
 
@@ -128,19 +128,6 @@ fi
 """.replace("__STATE__", STATE_DIR)
 
 _ENDED = '[ -e "__STATE__/$1.exit" ]'.replace("__STATE__", STATE_DIR)
-
-
-def is_here_job_id(job_id: object) -> bool:
-    """``here-<allocation>-<pid>``: the id of a cluster's head step in its kernel's allocation."""
-    return isinstance(job_id, str) and HERE_JOB_ID.fullmatch(job_id.strip()) is not None
-
-
-def allocation_of(job_id: str) -> str:
-    """The allocation (a Slurm job id) a here-step id names."""
-    match = HERE_JOB_ID.fullmatch(job_id.strip())
-    if match is None:
-        raise SlurmError(f"not the id of a --here step: {job_id!r} (expected here-<job>-<pid>)")
-    return match.group(1)
 
 
 @dataclass(frozen=True)

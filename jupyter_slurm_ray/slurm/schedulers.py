@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
+from ..naming import is_here_job_id
 from ..transport import Transport
 from .client import JobInfo, SlurmClient
-from .heresteps import HereSteps, is_here_job_id
+from .heresteps import HereSteps
 from .localjobs import LocalJobs, is_local_job_id
 from .queuecache import SharedQueue
 from .watch import JobWatcher

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SlurmError, TransportError
+from ..naming import allocation_of, is_here_job_id
 from ..transport import Transport
 from .client import FINAL_STATES, SlurmClient, UsageRow
-from .heresteps import allocation_of, is_here_job_id
 from .localjobs import is_local_job_id
 from .output import tres_amount
 

@@ -20,6 +20,7 @@ import pytest
 from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import ArgumentError, ExtendRefused, SpecError
 from jupyter_slurm_ray.job.script import bootstrap_settings
+from jupyter_slurm_ray.naming import allocation_of, is_here_job_id
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
 from jupyter_slurm_ray.slurm.hereplan import (
@@ -29,13 +30,7 @@ from jupyter_slurm_ray.slurm.hereplan import (
     plan_here,
     planned_spec,
 )
-from jupyter_slurm_ray.slurm.heresteps import (
-    HereSteps,
-    StepRun,
-    allocation_of,
-    is_here_job_id,
-    step_state,
-)
+from jupyter_slurm_ray.slurm.heresteps import HereSteps, StepRun, step_state
 from jupyter_slurm_ray.slurm.schedulers import query_jobs, scheduler_of
 from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
 from jupyter_slurm_ray.slurm.usage import fetch_usage
