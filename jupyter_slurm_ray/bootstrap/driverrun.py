@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from portblock import port_name
 from procgroups import RayProcess
 from rayargs import NodePlan, plan_node
 from slurmenv import is_slurm_input
+from trust import path_problem
 from workerrun import WorkerRun
 
 HEAD_GONE_AFTER = 15.0  # head.json missing this long once joined: the head ended (s)
@@ -272,8 +274,12 @@ class DriverRun(WorkerRun):
 
 
 def own_dir(path: str) -> bool:
-    """A directory of this user's that no one else may write (the head's temp dir)."""
+    """The head's temp dir as Ray leaves it (0777), seen from here: a directory of this
+    user's whose parents no one else may change (the private /tmp/jsr-<uid> keeps others out,
+    ``trust.user_temp_dir``)."""
+    temp = Path(path)
     with contextlib.suppress(OSError):
-        status = os.stat(path)
-        return status.st_uid == os.getuid() and not status.st_mode & 0o022
+        info = os.lstat(temp)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            return path_problem(temp.parent, os.getuid()) is None
     return False

@@ -336,7 +336,8 @@ def test_a_head_on_this_host_is_the_kernels_node_and_no_second_node_starts(
 ) -> None:
     head_on_this_host(job_dir, host_gcs)
     head_temp = tmp_path / "head-temp"
-    head_temp.mkdir(mode=0o700)
+    head_temp.mkdir()
+    head_temp.chmod(0o777)  # as Ray leaves it: its private parent keeps others out
     shell = start_driver(job_dir)
     try:
         head_answers(job_dir, host_gcs, head_temp)
@@ -372,12 +373,14 @@ def test_a_head_on_this_host_is_the_kernels_node_and_no_second_node_starts(
 def test_a_head_temp_dir_others_may_write_is_never_connected_through(
     job_dir: Path, tmp_path: Path, host_gcs: tuple[str, int]
 ) -> None:
-    """The head's temp dir others may write (or one this host does not see, a job's private
-    /tmp): a node of its own instead."""
+    """The head's temp dir in a parent others may write (or one this host does not see, a
+    job's private /tmp): a node of its own instead."""
     head_on_this_host(job_dir, host_gcs)
-    open_temp = tmp_path / "open-temp"
-    open_temp.mkdir()
-    open_temp.chmod(0o777)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    open_temp = shared / "head-temp"
+    open_temp.mkdir(mode=0o777)
     shell = start_driver(job_dir)
     try:
         head_answers(job_dir, host_gcs, open_temp)
