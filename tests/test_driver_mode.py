@@ -107,7 +107,7 @@ def test_a_kernel_in_a_job_is_a_ray_driver_and_down_leaves_nothing(testbed):
 def test_a_kernel_on_the_heads_host_is_a_driver_through_the_heads_node(testbed):
     """The cluster's head on node1, where the kernel runs: no second Ray node there."""
     job = NotebookJob.submit(
-        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down", json.dumps(["-w", "node1"])
+        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down", json.dumps(["--nodelist=node1"])
     )
     try:
         job.wait("outer", 120)
