@@ -150,6 +150,8 @@ def one_run(mode: str | None, work: Path, options: argparse.Namespace, index: in
         start_timeout=180,
         owner_timeout=60,
     )
+    if options.away:
+        settings["extra_sbatch"] = ["--exclude=node1"]  # the kernel's node: a node of its own
     if mode is not None:
         settings["connect"] = mode
     cluster = SlurmRayCluster(
@@ -199,6 +201,8 @@ def submit(options: argparse.Namespace) -> tuple[str, Path]:
     ]  # fmt: skip
     if options.deps:
         argv += ["--deps", options.deps]
+    if options.away:
+        argv += ["--away"]
     if options.before:
         argv += ["--before", options.before]
     script = "\n".join(
@@ -303,9 +307,16 @@ def main() -> None:
     parser.add_argument("--poll-interval", type=float, default=1.0, help="the cluster's")
     parser.add_argument("--deps", default="/tmp/jsr-driver-tune", help="ray[tune]'s packages")
     parser.add_argument("--before", help="another checkout of the package (Ray Client only)")
+    parser.add_argument(
+        "--away", action="store_true",
+        help="the cluster avoids the kernel's node (node1): in driver mode the kernel's host "
+        "is then a Ray node of its own; by default the head shares node1 with the kernel",
+    )  # fmt: skip
     parser.add_argument("--kernel", help=argparse.SUPPRESS)  # in the job: the work dir
     parser.add_argument("--timeout", type=float, default=1800)
     options = parser.parse_args()
+    if options.away and options.nodes > 2:
+        parser.error("--away leaves the testbed's node2 and node3 only: --nodes 2 at most")
     if options.deps and not Path(options.deps).is_dir():
         options.deps = ""
     if options.kernel:
@@ -321,7 +332,9 @@ def main() -> None:
         subprocess.run(["scancel", job], check=False)
     table = report(runs)
     name = "driver_vs_client_before" if options.before else "driver_vs_client"
-    write_result(name, {"medians": table, "runs": runs, "nodes": options.nodes})
+    write_result(
+        name, {"medians": table, "runs": runs, "nodes": options.nodes, "away": options.away}
+    )
     subprocess.run(["rm", "-rf", "--", str(work)], check=False)
 
 

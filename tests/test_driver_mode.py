@@ -1,7 +1,9 @@
 """Driver mode on the real testbed: a kernel inside a Slurm job (``sbatch -N1 -c1 --mem=1G`` on
-node1, batchspawner's and Open OnDemand's shape) brings up a 3-node cluster with ``connect =
-"auto"``, which there means driver mode: node1 joins the cluster as a Ray node that runs no
-tasks and the kernel is an ordinary Ray driver through it, not a Ray Client.
+node1, batchspawner's and Open OnDemand's shape) brings up a cluster with ``connect = "auto"``,
+which there means driver mode. On nodes other than the kernel's, node1 joins the cluster as a
+Ray node that runs no tasks and the kernel is an ordinary Ray driver through it, not a Ray
+Client; when the head runs on node1 too, the kernel is a driver through the head's own node
+(no second Ray node on the host).
 
 Then ``down()``, or the kernel SIGKILLed while its notebook job goes on (a kernel restart),
 leaves nothing: no Ray node on the kernel's host, no job, no Ray process of the cluster.
@@ -9,6 +11,7 @@ leaves nothing: no Ray node on the kernel's host, no job, no Ray process of the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,6 +31,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 PROGRAM = "kernel_driver_in_a_job.py"
 MB = 1024 * 1024
+AWAY_FROM_THE_KERNEL = json.dumps(["--exclude=node1"])  # the kernel's job is on node1
 
 
 def node_address(node: str) -> str:
@@ -51,7 +55,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict) -> None:
+def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict, nodes: int) -> None:
     """What the kernel saw once up: driver mode chosen by auto, and Ray agreeing."""
     assert up["connect_mode"] == "driver" and up["record_mode"] == "driver", up
     assert up["connect_reason"].startswith(
@@ -64,7 +68,8 @@ def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict) -> None:
     resources = ray["node_resources"]
     assert resources.get("CPU", 0) == 0 and resources.get("GPU", 0) == 0, resources
     assert "slurm_ray_node" not in resources, resources
-    assert len(ray["cluster_nodes"]) == 3 and ray["all_nodes"] == 4, ray
+    assert len(ray["cluster_nodes"]) == nodes and ray["all_nodes"] == nodes + 1, ray
+    assert up["driver_through"] == "", up
     pids = [pid for pid, _ in driver_processes(up["driver_temp_dir"])]
     assert pids, "no Ray node on the kernel's host"
     for pid in pids:  # the notebook job's Slurm variables stay out of it
@@ -74,17 +79,19 @@ def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict) -> None:
 
 
 def test_a_kernel_in_a_job_is_a_ray_driver_and_down_leaves_nothing(testbed):
-    job = NotebookJob.submit(PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down")
+    job = NotebookJob.submit(
+        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "down", AWAY_FROM_THE_KERNEL
+    )
     try:
         job.wait("outer", 120)
         up = job.wait("up", 300)
-        assert_a_driver_on_its_own_node(job, up)
+        assert_a_driver_on_its_own_node(job, up, 2)
 
         objects = job.wait("objects", 240)
         assert objects["round_trip_equal"] and objects["digest_ok"], objects
         assert objects["made_ok"] and objects["made_bytes"] == 256 * MB, objects
         tasks = job.wait("tasks", 120)
-        assert tasks["hosts"] == ["node1", "node2", "node3"]  # a task on every node
+        assert tasks["hosts"] == ["node2", "node3"]  # a task on every node
 
         run_as_user("touch", str(job.work / "go"))
         down = job.wait("down", 120)
@@ -97,9 +104,48 @@ def test_a_kernel_in_a_job_is_a_ray_driver_and_down_leaves_nothing(testbed):
         job.clean_up()
 
 
+def test_a_kernel_on_the_heads_host_is_a_driver_through_the_heads_node(testbed):
+    """The cluster's head on node1, where the kernel runs: no second Ray node there."""
+    job = NotebookJob.submit(
+        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down", json.dumps(["--nodelist=node1"])
+    )
+    try:
+        job.wait("outer", 120)
+        up = job.wait("up", 300)
+        assert up["connect_mode"] == "driver" and up["driver_through"] == "head", up
+        assert up["connect_reason"].startswith(
+            f"auto: this kernel runs in Slurm job {job.job_id} on node1"
+        ) and up["connect_reason"].endswith("reach the head's Ray node on this host"), up
+        head = json.loads((Path(up["job_dir"]) / "connection.json").read_text())
+        assert head["head_host"] == "node1" and up["driver_temp_dir"] == head["temp_dir"]
+        ray = up["ray"]
+        assert ray["client_connected"] is False and ray["initialized"] is True
+        assert ray["node_ip"] == node_address("node1")
+        assert "slurm_ray_node" in ray["node_resources"]  # the head's node: it runs tasks
+        assert len(ray["cluster_nodes"]) == 3 and ray["all_nodes"] == 3, ray  # none of its own
+        own_node = f"/d{up['driver_pid']}-"  # the temp dir a node of its own would have
+        assert not processes_matching([own_node])
+
+        objects = job.wait("objects", 240)
+        assert objects["round_trip_equal"] and objects["digest_ok"], objects
+        tasks = job.wait("tasks", 120)
+        assert tasks["hosts"] == ["node1", "node2", "node3"]
+
+        run_as_user("touch", str(job.work / "go"))
+        down = job.wait("down", 120)
+        assert down["job_id"] == up["job_id"] and down["state"] == "STOPPED"
+        wait_until_nothing_left(up["job_id"], up["job_dir"])
+        wait_for(lambda: not alive(up["driver_pid"]), 10, "the driver role to end")
+        wait_for(lambda: not in_queue(job.job_id), 60, "the notebook job to end")
+    finally:
+        job.clean_up()
+
+
 def test_a_killed_kernel_leaves_no_ray_node_on_its_host_and_the_cluster_ends(testbed):
     """The kernel is SIGKILLed while its notebook job (the Jupyter server) goes on."""
-    job = NotebookJob.submit(PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "hold", server=True)
+    job = NotebookJob.submit(
+        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "hold", AWAY_FROM_THE_KERNEL, server=True
+    )
     try:
         outer = job.wait("outer", 120)
         up = job.wait("up", 300)

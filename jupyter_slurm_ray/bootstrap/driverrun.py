@@ -26,19 +26,23 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from jsr_base import BootstrapError, command_path, gcs_address
+from jsr_base import BootstrapError, HeadMoved, command_path, gcs_address
 from jsr_events import EventLog
-from jsr_wire import EVENTS_FILE, HEAD_FILE, DriverLine, Event, Role
+from jsr_wire import CONNECTION_FILE, EVENTS_FILE, HEAD_FILE, DriverLine, Event, Role
 from listeners import OwnListeners
+from nodeaddr import node_address
+from noderun import TICK
 from portblock import port_name
 from procgroups import RayProcess
 from rayargs import NodePlan, plan_node
 from slurmenv import is_slurm_input
+from trust import path_problem
 from workerrun import WorkerRun
 
 HEAD_GONE_AFTER = 15.0  # head.json missing this long once joined: the head ended (s)
@@ -103,6 +107,77 @@ class DriverRun(WorkerRun):
         if self.flags.stop == OWNER_GONE:
             return f"the kernel (pid {self.owner_pid}) is gone"
         return self.left or super().stop_reason()
+
+    # ----- the head's node, when the head runs on this host
+
+    def main(self) -> str:
+        """Through the head's own node when the head runs on this host (``--here`` puts it on
+        the kernel's node): a second Ray node there would only take CPU and memory, and the
+        kernel would wait for it. Else a node of its own, joined as a worker joins."""
+        self.load_config()
+        head = self.read_head_json()
+        while head is not None and self.head_is_here(head):
+            try:
+                connection = self.head_connection(head)
+            except HeadMoved as moved:
+                head = moved.head
+                continue
+            if connection is None:  # asked to stop, or the head is gone
+                return self.left or self.stop_reason()
+            if own_dir(str(connection.get("temp_dir", ""))):
+                return self.through_the_head(head, connection)
+            break  # its temp dir is not this user's here (a job's private /tmp): a node of its own
+        return super().main() if head is not None else self.stop_reason()
+
+    def head_is_here(self, head: dict[str, Any]) -> bool:
+        """The head's address is the one this host's node would have (never for a container's
+        head: its Ray and temp dir live in the container)."""
+        assert self.config is not None
+        if self.config.container:
+            return False
+        try:
+            return node_address(self.config, str(head["head_ip"])) == head["head_ip"]
+        except BootstrapError:
+            return False  # a node of its own then says why, the way a worker would
+
+    def through_the_head(self, head: dict[str, Any], connection: dict[str, Any]) -> str:
+        """Tell the kernel to connect through the head's node; stay (a process to stop, as its
+        own node's would be) until the kernel, a signal or the head ends it."""
+        address = gcs_address(head)
+        self.events.emit(Event.DRIVER_JOINED, ip=head["head_ip"], head=address, through="head")
+        tell_kernel(
+            DriverLine.READY,
+            ip=head["head_ip"],
+            host=str(connection.get("head_host", "")),
+            temp_dir=str(connection["temp_dir"]),
+            gcs_address=address,
+            node_manager_port=int(connection["ports"]["node_manager"]),
+            object_store_memory=0,
+            pid=os.getpid(),
+            through="head",
+        )
+        while not self.flags.stop:
+            gone = self.head_gone()
+            if gone:
+                return gone
+            time.sleep(TICK)
+        return self.stop_reason()
+
+    def head_connection(self, head: dict[str, Any]) -> dict[str, Any] | None:
+        """The head's connection.json once this head answers (its node's ports checked as its
+        own Ray's); None when asked to stop or when the head is gone meanwhile. HeadMoved if
+        the head moved."""
+        path = self.job_dir / CONNECTION_FILE
+        while not self.flags.stop and not self.head_gone():
+            self.check_head_moved(head)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                said = json.loads(path.read_text())
+                if said["gcs_address"] == gcs_address(head) and said["ports"]["node_manager"]:
+                    return dict(said)
+            if time.monotonic() > self.deadline:
+                raise BootstrapError(f"the head at {gcs_address(head)} did not answer in time")
+            time.sleep(self.join_period)
+        return None
 
     # ----- what differs from a worker of the allocation
 
@@ -178,6 +253,12 @@ class DriverRun(WorkerRun):
         """Once joined: the head is gone when head.json stayed missing HEAD_GONE_AFTER s."""
         if process is None or self.left:
             return self.left
+        return self.head_gone()
+
+    def head_gone(self) -> str | None:
+        """Why this node leaves: head.json stayed missing HEAD_GONE_AFTER s (else None)."""
+        if self.left:
+            return self.left
         if (self.job_dir / HEAD_FILE).exists():
             self.head_missing_since = None
             return None
@@ -190,3 +271,15 @@ class DriverRun(WorkerRun):
     def finish(self, reason: str, code: int) -> None:
         super().finish(reason, code)
         tell_kernel(DriverLine.STOPPED, reason=reason, exit_code=code)
+
+
+def own_dir(path: str) -> bool:
+    """The head's temp dir as Ray leaves it (0777), seen from here: a directory of this
+    user's whose parents no one else may change (the private /tmp/jsr-<uid> keeps others out,
+    ``trust.user_temp_dir``)."""
+    temp = Path(path)
+    with contextlib.suppress(OSError):
+        info = os.lstat(temp)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            return path_problem(temp.parent, os.getuid()) is None
+    return False

@@ -44,6 +44,12 @@ class DriverReady:
     gcs_address: str
     node_manager_port: int
     object_store_memory: int = 0
+    through: str = ""  # "head": the head runs on this host, its node is the kernel's too
+
+    @property
+    def node_words(self) -> str:
+        """Which Ray node of this host the kernel connects through."""
+        return "the head's Ray node on this host" if self.through == "head" else "its Ray node"
 
     @classmethod
     def from_line(cls, said: dict[str, Any]) -> DriverReady:
@@ -54,6 +60,7 @@ class DriverReady:
             gcs_address=str(said["gcs_address"]),
             node_manager_port=int(said["node_manager_port"]),
             object_store_memory=int(said.get("object_store_memory") or 0),
+            through=str(said.get("through", "")),
         )
 
 

@@ -148,8 +148,9 @@ class ClientSide:
             obstacle = job_dir_obstacle(job_dir.path)
             if obstacle:
                 raise ConnectError(f"connect = driver is not possible here: {obstacle}")
-            await self._driver_node(job_dir, spec)
-            return ConnectMode(DRIVER, "connect = driver")
+            ready = await self._driver_node(job_dir, spec)
+            through = f"; through {ready.node_words}" if ready.through else ""
+            return ConnectMode(DRIVER, f"connect = driver{through}")
         hosts = self.driver_hosts
         if hosts is None:
             hosts = effective_setting("driver_hosts")[0] or ()
@@ -169,7 +170,7 @@ class ClientSide:
             await self._stop_driver()
             return ConnectMode(CLIENT, f"auto: {failure}")
         where = place.on_cluster_network() or "the cluster runs in this kernel's allocation"
-        return ConnectMode(DRIVER, f"auto: {where}; the nodes reach its Ray node")
+        return ConnectMode(DRIVER, f"auto: {where}; the nodes reach {ready.node_words}")
 
     async def _driver_node(self, job_dir: JobDir, spec: ClusterSpec) -> Any:
         """This host's Ray node, started (once) and joined; stopped again if it fails."""

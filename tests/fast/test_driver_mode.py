@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -296,6 +297,100 @@ def test_a_driver_that_cannot_start_ray_tells_the_kernel_and_no_cluster_event_sa
             os.killpg(shell.pid, signal.SIGKILL)
     names = {event["event"] for event in events(job_dir)}
     assert "driver_failed" in names and "error" not in names
+
+
+@pytest.fixture
+def host_gcs() -> Iterator[tuple[str, int]]:
+    """A listener standing for the GCS of a head on this host: this host's own address
+    (traffic to it stays on this host), as a node's would be."""
+    shown = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True
+    ).stdout
+    addresses = re.findall(r"\binet (\d+\.\d+\.\d+\.\d+)/", shown)
+    assert addresses, f"this host has no global IPv4 address: {shown!r}"
+    with socket.create_server((addresses[0], 0)) as server:
+        yield addresses[0], server.getsockname()[1]
+
+
+def head_on_this_host(job_dir: Path, gcs: tuple[str, int], start_timeout: float = 60) -> None:
+    """The head's address is this host's (a site's node_ip_address_command says so)."""
+    settings = json.loads((job_dir / "bootstrap.json").read_text())
+    settings.update(node_ip_address_command=f"echo {gcs[0]}", start_timeout=start_timeout)
+    (job_dir / "bootstrap.json").write_text(json.dumps(settings))
+    head = {"head_ip": gcs[0], "gcs_port": gcs[1], "verified": ["gcs"]}
+    (job_dir / "head.json").write_text(json.dumps(head))
+
+
+def head_answers(job_dir: Path, gcs: tuple[str, int], temp_dir: Path) -> None:
+    connection = {
+        "gcs_address": f"{gcs[0]}:{gcs[1]}",
+        "head_host": "node1",
+        "temp_dir": str(temp_dir),
+        "ports": {"node_manager": 30001},
+    }
+    (job_dir / "connection.json").write_text(json.dumps(connection))
+
+
+def test_a_head_on_this_host_is_the_kernels_node_and_no_second_node_starts(
+    job_dir: Path, tmp_path: Path, host_gcs: tuple[str, int]
+) -> None:
+    head_on_this_host(job_dir, host_gcs)
+    head_temp = tmp_path / "head-temp"
+    head_temp.mkdir()
+    head_temp.chmod(0o777)  # as Ray leaves it: its private parent keeps others out
+    shell = start_driver(job_dir)
+    try:
+        head_answers(job_dir, host_gcs, head_temp)
+        ready = said(shell)
+        assert {k: v for k, v in ready.items() if k != "pid"} == {
+            "driver": "ready",
+            "ip": host_gcs[0],
+            "host": "node1",
+            "temp_dir": str(head_temp),
+            "gcs_address": f"{host_gcs[0]}:{host_gcs[1]}",
+            "node_manager_port": 30001,
+            "object_store_memory": 0,
+            "through": "head",
+        }
+        words = drivernode.DriverReady.from_line(ready).node_words
+        assert words == "the head's Ray node on this host"
+        assert not (job_dir.parent / "ray-argv.jsonl").exists()  # no `ray start` here
+        os.kill(shell.pid, signal.SIGKILL)  # the kernel is gone
+        wait_for(lambda: not alive(ready["pid"]))
+        assert head_temp.is_dir()  # the head's, untouched
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(shell.pid, signal.SIGKILL)
+    joined, stopped = events(job_dir)
+    assert (joined["event"], joined["through"], stopped["event"]) == (
+        "driver_joined",
+        "head",
+        "driver_stopped",
+    )
+    assert stopped["reason"].startswith("the kernel (pid ") and stopped["reason"].endswith("gone")
+
+
+def test_a_head_temp_dir_others_may_write_is_never_connected_through(
+    job_dir: Path, tmp_path: Path, host_gcs: tuple[str, int]
+) -> None:
+    """The head's temp dir in a parent others may write (or one this host does not see, a
+    job's private /tmp): a node of its own instead."""
+    head_on_this_host(job_dir, host_gcs)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    open_temp = shared / "head-temp"
+    open_temp.mkdir(mode=0o777)
+    shell = start_driver(job_dir)
+    try:
+        head_answers(job_dir, host_gcs, open_temp)
+        ready = said(shell)
+        assert ready["driver"] == "ready" and "through" not in ready
+        assert Path(ready["temp_dir"]).name.startswith(f"d{ready['pid']}-")  # its own node's
+        assert ray_argv(job_dir)[:2] == ["start", f"--address={host_gcs[0]}:{host_gcs[1]}"]
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(shell.pid, signal.SIGKILL)
 
 
 # ----------------------------------------------------------------------------- the kernel's side

@@ -1,16 +1,18 @@
 """A notebook kernel's stand-in inside a Slurm job, connected in driver mode.
 
 Run as the job's own process by tests/test_driver_mode.py: ``python kernel_driver_in_a_job.py
-WORK PYTHON SETUP NODES AFTER``. It brings up a cluster of NODES nodes with the package
+WORK PYTHON SETUP NODES AFTER [SBATCH]``. It brings up a cluster of NODES nodes with the package
 (``connect = "auto"``: inside a Slurm job on the cluster's network, that is driver mode), then
 notes what Ray says of this process (a driver, not a Ray Client; its node), moves a 256 MB
 object both ways, runs a task on every node of the allocation, and then, with AFTER ``down``,
 waits (at most 5 minutes) for ``WORK/go`` before ``down()``; with AFTER ``hold``, it waits to
-be killed. Each step is one JSON line in ``WORK/report.jsonl``; a failure is an ``error`` line.
+be killed. SBATCH: a JSON list of the cluster job's extra sbatch options (where it may run).
+Each step is one JSON line in ``WORK/report.jsonl``; a failure is an ``error`` line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -22,6 +24,7 @@ from kernel_common import one_task_per_node, report_to
 
 work, python, setup = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 nodes, after = int(sys.argv[4]), sys.argv[5]
+extra_sbatch = json.loads(sys.argv[6]) if len(sys.argv) > 6 else []
 MB = 1024 * 1024
 
 
@@ -96,6 +99,7 @@ def main() -> None:
         object_store_memory="700M",
         start_timeout=180,
         owner_timeout=20,
+        extra_sbatch=extra_sbatch,
     )
     registry = Registry(work / "state")
     cluster = SlurmRayCluster(spec, LocalTransport(), registry=registry)
@@ -113,6 +117,7 @@ def main() -> None:
             record_mode=record.connect_mode if record else None,
             driver_pid=driver.pid if driver else None,
             driver_temp_dir=driver.ready_info.temp_dir if driver and driver.ready_info else None,
+            driver_through=driver.ready_info.through if driver and driver.ready_info else None,
             ray=what_ray_says(),
         )
         report("objects", **big_objects())
