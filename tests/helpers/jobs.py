@@ -50,6 +50,24 @@ def last_state(job_id: str) -> str:
     return _squeue("-t", "all", "-j", job_id, "-o", "%T")
 
 
+def end_state(job_id: str, timeout: float = 30.0) -> str:
+    """The job's state once it ended: slurmctld's while it remembers the job (MinJobAge), else
+    the accounting's (slurmdbd may record the end a moment later); ``""`` if neither knows it
+    within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = last_state(job_id)
+        if state:
+            return state
+        done = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State"], capture_output=True, text=True
+        )
+        words = done.stdout.split()  # "CANCELLED by 1001"
+        if words or time.monotonic() > deadline:
+            return words[0] if words else ""
+        time.sleep(1)
+
+
 def in_queue(job_id: str) -> bool:
     """squeue still lists the job: pending, running, or completing (its processes ending)."""
     return queue_state(job_id) != ""
