@@ -80,6 +80,10 @@ def write(name, text):
     with open(path + ".tmp", "w") as handle:
         handle.write(text)
     os.replace(path + ".tmp", path)
+try:  # an earlier job of this pid (pids wrap) left its exit status: not this job's
+    os.unlink(os.path.join(state_dir, job_id + ".exit"))
+except FileNotFoundError:
+    pass
 ps = ["ps", "-o", "lstart=", "-p", str(os.getpid())]
 lstart = subprocess.run(ps, capture_output=True, text=True).stdout.strip()
 write(job_id + ".start", f"{lstart}\n{int(time.time())} {limit} {host}\n")
@@ -167,10 +171,10 @@ for id in "$@"; do
 done
 """.replace("__STATE__", STATE_DIR)
 
-# SIGTERM to the job's process group, if its runner is still the same process.
+# SIGTERM to the job's process group, if its runner is still the same process (an exit
+# status there may be an earlier job's of the same pid).
 _CANCEL = r"""
 d=__STATE__ pid=${1#local-}
-[ -e "$d/$1.exit" ] && exit 0
 [ "$(ps -o lstart= -p "$pid" 2>/dev/null)" = "$(head -n 1 "$d/$1.start" 2>/dev/null)" ] || exit 0
 kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
 """.replace("__STATE__", STATE_DIR)
@@ -306,12 +310,19 @@ def parse_local_line(line: str) -> JobInfo | None:
             **more,  # type: ignore[arg-type]
         )
 
-    if len(final) >= 2 and final[1].lstrip("-").isdigit():
+    if len(final) >= 2 and final[1].lstrip("-").isdigit() and not _older(final, epoch):
         return info(final[0], exit_code=int(final[1]))
     if now and now == started:
         left = max(0, int(epoch + limit - time.time())) if limit and epoch is not None else None
         return info("RUNNING", time_left=left)
     return info("FAILED", reason="its runner ended without an exit status (killed, or restarted)")
+
+
+def _older(final: list[str], started: float | None) -> bool:
+    """Whether an exit status (``state code epoch``) was written before the job started: an
+    earlier job's of the same pid (pids wrap), left when its runner could not remove it."""
+    ended = final[2] if len(final) > 2 else ""
+    return started is not None and ended.isdigit() and int(ended) < started
 
 
 def _local_id(job_id: str | int) -> str:

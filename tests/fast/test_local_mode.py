@@ -138,6 +138,15 @@ def test_a_runner_still_running_is_running_and_a_vanished_one_failed() -> None:
     assert parse_local_line("7|x|y|z") is None
 
 
+def test_an_exit_status_older_than_the_job_is_an_earlier_job_of_the_same_pid() -> None:
+    stamp = "Tue Dec  1 04:22:28 2026"
+    earlier = "CANCELLED 0 1796098000"  # pids wrap: a job of the same pid, hours before
+    running = parse_local_line(f"local-7|{stamp}|{stamp}|1796098948 600 vm|{earlier}")
+    assert running is not None and running.state == "RUNNING"
+    gone = parse_local_line(f"local-7||{stamp}|1796098948 600 vm|{earlier}")
+    assert gone is not None and gone.state == "FAILED"
+
+
 # -- the runner, for real ------------------------------------------------------------------------
 JOB = """#!/bin/bash
 #SBATCH --time={time}
@@ -180,6 +189,18 @@ async def test_a_job_runs_with_the_slurm_variables_of_one_node_and_its_exit_is_k
     assert await ended(jobs, job_id) == "FAILED 3"
     out = Path(directory, f"slurm-{job_id}.out").read_text()
     assert f"job {job_id} on " in out and f"with {os.cpu_count()} cpus, 1" in out
+
+
+async def test_an_earlier_jobs_exit_status_left_under_the_same_pid_is_not_this_jobs(
+    jobs: LocalJobs, tmp_path: Path
+) -> None:
+    directory = job_dir(tmp_path, "sleep 60 & wait")
+    job_id = await jobs.submit(f"{directory}/job.sbatch")
+    state_dir = tmp_path / "home" / ".jupyter-slurm-ray" / "local-jobs"
+    (state_dir / f"{job_id}.exit").write_text("CANCELLED 0 1700000000\n")
+    assert (await jobs.query([job_id]))[job_id].state == "RUNNING"
+    await jobs.cancel(job_id)
+    assert await ended(jobs, job_id) == "CANCELLED 0"
 
 
 async def test_cancel_is_scancels_sigterm_and_leaves_nothing(
