@@ -38,18 +38,44 @@ _PACK_NAME = re.compile(r"\.?env-(venv|conda|pixi)-[0-9a-f]{16}[A-Za-z0-9._-]*")
 # Constant program (``sh -c LIST sh ROOT``): this user's uid, then one tab-separated line per
 # real directory of ROOT (name, owner, newest mtime of it and its entries, KiB, the pack its
 # job.sbatch names, the job ids of its slurm-<id>.out files) and per file of ROOT/packs.
+# One `find` over the tree and one awk: a few processes per directory took ~14 ms each, 15 s
+# for a thousand job dirs (the testbed's after a day of runs).
 _LIST = r"""
 echo "uid $(id -u)"
 cd -- "$1" 2>/dev/null || exit 0
-for d in *; do
-  [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != packs ] || continue
-  newest=$(find "$d" -maxdepth 1 -printf '%T@\n' 2>/dev/null | sort -n | tail -n 1)
-  kib=$(du -sk -- "$d" 2>/dev/null | cut -f1)
-  pack=$(sed -n 's/.*__PACK__=\([^ ]*\).*/\1/p' "$d/job.sbatch" 2>/dev/null | head -n 1)
-  ids=$(ls -1 -- "$d" 2>/dev/null | sed -n 's/^slurm-\(.*\)\.out$/\1/p' | tr '\n' ' ')
-  printf 'dir\t%s\t%s\t%s\t%s\t%s\t%s\n' "$d" "$(stat -c %u -- "$d")" "${newest:-0}" \
-    "${kib:-0}" "${pack##*/}" "$ids"
-done
+find . -mindepth 1 -path ./packs -prune -o -printf '%y\t%U\t%T@\t%k\t%d\t%P\n' 2>/dev/null |
+awk -F '\t' -v variable="__PACK__=" '
+  NF != 6 { next }
+  {
+    top = $6; sub(/\/.*/, "", top); name = substr($6, length(top) + 2)
+    if ($5 == 1) {
+      if ($1 == "d" && top !~ /^\./) {
+        owner[top] = $2; newest[top] = $3; kib[top] = $4; dirs[++n] = top
+      }
+      next
+    }
+    if (!(top in owner)) next
+    kib[top] += $4
+    if ($5 != 2) next
+    if ($3 > newest[top]) newest[top] = $3
+    if (name ~ /^slurm-.*\.out$/) ids[top] = ids[top] substr(name, 7, length(name) - 10) " "
+    if (name == "job.sbatch" && $1 == "f") sbatch[top] = 1
+  }
+  END {
+    for (i = 1; i <= n; i++) {
+      d = dirs[i]; pack = ""
+      if (d in sbatch) {
+        file = d "/job.sbatch"
+        while (pack == "" && (getline line < file) > 0)
+          if (match(line, variable "[^ ]*")) {
+            pack = substr(line, RSTART + length(variable), RLENGTH - length(variable))
+            sub(/.*\//, "", pack)
+          }
+        close(file)
+      }
+      printf "dir\t%s\t%s\t%s\t%s\t%s\t%s\n", d, owner[d], newest[d], kib[d], pack, ids[d]
+    }
+  }'
 for f in packs/env-* packs/.env-*; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   printf 'pack\t%s\t%s\n' "${f#packs/}" "$(stat -c '%u %Y %s' -- "$f")"

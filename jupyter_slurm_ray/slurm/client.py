@@ -179,10 +179,17 @@ class SlurmClient:
         ids = sorted({_job_id(j) for j in job_ids}, key=int)
         if not ids:
             return {}
-        infos: dict[str, JobInfo | None] = dict(await self._squeue(ids, max_age))
+        shown = await self._squeue(ids, max_age)
+        infos: dict[str, JobInfo | None] = dict(shown)
         ended = [j for j in ids if infos.get(j) is None or infos[j].is_final]  # type: ignore[union-attr]
         if ended:
-            history = await self.history(ended)
+            # A job a fresh `squeue -t all` does not show is one slurmctld no longer knows:
+            # asking it again, one scontrol per job, only repeats that (gc over a thousand
+            # old job dirs spent 14 s so). An answer from the shared queue may predate a job.
+            fresh = self.shared is None or max_age <= 0
+            history = await self.history(
+                ended, controller=[j for j in ended if j in shown] if fresh else None
+            )
             for job_id in ended:
                 infos[job_id] = merge_final(infos.get(job_id), history.get(job_id))
         return {j: info for j in ids if (info := infos.get(j)) is not None}
@@ -206,9 +213,12 @@ class SlurmClient:
             raise SlurmUnavailable(f"squeue: {_first_line(answer.stderr) or 'failed'}")
         return answer.stdout
 
-    async def history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+    async def history(
+        self, job_ids: Sequence[str], *, controller: Sequence[str] | None = None
+    ) -> dict[str, JobInfo]:
         """Final state and exit code from accounting (slurmdbd) or, failing that, jobcomp;
-        then from slurmctld itself, which remembers ended jobs for MinJobAge."""
+        then from slurmctld itself, which remembers ended jobs for MinJobAge (only the jobs
+        in ``controller``, when given: those it is known to remember)."""
         wanted = [_job_id(j) for j in job_ids]
         found: dict[str, JobInfo] = {}
         for extra in ([], ["-c"]):
@@ -224,6 +234,8 @@ class SlurmClient:
                 parsed = parse_sacct(answer.stdout)
                 found.update({j: parsed[j] for j in missing if j in parsed})
         missing = [j for j in wanted if j not in found]
+        if controller is not None:
+            missing = [j for j in missing if j in controller]
         if missing:
             found.update(await self._scontrol_history(missing))
         return found

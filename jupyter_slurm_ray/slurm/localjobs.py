@@ -260,7 +260,9 @@ class LocalJobs(SlurmClient):
         infos = (parse_local_line(line) for line in out.splitlines() if line.strip())
         return {info.job_id: info for info in infos if info is not None}
 
-    async def history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+    async def history(
+        self, job_ids: Sequence[str], *, controller: Sequence[str] | None = None
+    ) -> dict[str, JobInfo]:
         return await self.query(job_ids)
 
     async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:

@@ -12,6 +12,7 @@ import pytest
 from jupyter_slurm_ray.errors import SlurmError, SlurmUnavailable, SpecError
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.slurm.client import SlurmClient
+from jupyter_slurm_ray.slurm.queuecache import SharedQueue
 from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
@@ -79,6 +80,27 @@ async def test_a_job_slurm_no_longer_knows_is_missing_from_the_answer(slurm, cli
     add(slurm, "101")
     infos = await client.query(["100", "101"])
     assert "100" not in infos and infos["101"].state == "RUNNING"
+
+
+async def test_jobs_a_fresh_squeue_no_longer_shows_are_not_asked_of_slurmctld_one_by_one(
+    slurm, client
+):
+    for job_id in ("100", "101", "102"):  # old job dirs' jobs, long forgotten
+        add(slurm, job_id, state="COMPLETED", forgotten=True)
+    add(slurm, "103")
+    assert list(await client.query(["100", "101", "102", "103"])) == ["103"]
+    assert commands(slurm) == ["squeue", "sacct", "sacct"]  # slurmctld already said
+
+
+async def test_a_job_newer_than_the_shared_queues_answer_is_asked_of_slurmctld(
+    slurm, transport, tmp_path: Path
+):
+    shared = SharedQueue(tmp_path, transport.target)
+    kernel = SlurmClient(transport, shared=shared)
+    assert await kernel.query(["100"], max_age=60) == {}  # the queue, asked before 100 ran
+    add(slurm, "100", state="COMPLETED", exit_code="0:0")
+    info = (await kernel.query(["100"], max_age=60))["100"]
+    assert info.state == "COMPLETED" and commands(slurm)[-1] == "scontrol"
 
 
 async def test_invalid_job_id_is_an_answer_not_silence(slurm, client):
