@@ -81,11 +81,15 @@ class Adapter:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Cancel the loop and wait until it ended (a step under way may be submitting or
+        cancelling a worker job). The loop's own end is not raised; a cancellation of the
+        caller while it waits is."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("%s: adaptive scaling ended: %s", self.host.spec.name, task.exception())
 
     @property
     def running(self) -> bool:

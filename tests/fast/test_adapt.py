@@ -245,6 +245,44 @@ async def test_a_failing_step_is_shown_and_the_loop_goes_on():
     assert not adapter.running and cluster.updates >= 2
 
 
+async def test_stop_waits_for_a_step_under_way_and_a_cancelled_caller_stays_cancelled():
+    import asyncio
+
+    from jupyter_slurm_ray.elastic.adapt import Adapter
+    from jupyter_slurm_ray.elastic.raydemand import RayView
+
+    cluster = _StubCluster()
+    adapter = Adapter(cluster, cluster.workers, SETTINGS, interval=0.01)  # type: ignore[arg-type]
+    in_step, step_ended = asyncio.Event(), asyncio.Event()
+
+    async def read_ray():  # a step that finishes what it does even when cancelled
+        in_step.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # e.g. a worker job's sbatch still answering
+            step_ended.set()
+            raise
+        return RayView((), {}, ONE_CPU)
+
+    adapter.read_ray = read_ray  # type: ignore[method-assign]
+    adapter.start()
+    await in_step.wait()
+    await adapter.stop()  # returns once the step ended, without raising its cancellation
+    assert step_ended.is_set() and not adapter.running
+
+    step_ended.clear()
+    in_step.clear()
+    adapter.start()
+    await in_step.wait()
+    stopping = asyncio.create_task(adapter.stop())
+    await asyncio.sleep(0.01)
+    stopping.cancel()  # the caller (e.g. a kernel's down) is cancelled while it waits
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    await asyncio.wait_for(step_ended.wait(), 5)
+
+
 def test_the_magic_command_passes_the_settings_and_off():
     from jupyter_slurm_ray.ui.adaptcommand import adapt_command
 
