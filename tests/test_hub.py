@@ -28,11 +28,13 @@ from .helpers.hub import (
     forget_record,
     jobs_cli,
     record_of,
+    script,
     service,
     user_venv,
     wait_for_cluster_state,
 )
 from .helpers.jobs import in_queue
+from .helpers.paths import REPO
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
@@ -116,6 +118,53 @@ def test_alices_server_is_a_slurm_job_on_a_compute_node_as_her_with_both_extensi
     assert "jupyter-slurm-ray" in labextensions, labextensions
     listing = alice.call("GET", API)
     assert listing.status_code == 200, listing.text[:500]  # the server extension answers
+
+
+# batchspawner's verdict on squeue's answers, with the deployed config (the hub's own venv)
+VERDICTS = """
+import json, os, sys
+from traitlets.config import PyFileConfigLoader
+from batchspawner import SlurmSpawner
+for name in ("SINGLEUSER_VENV", "STATE_DIR", "PUBLIC_URL", "API_URL", "PROXY_COMMAND", "USERS"):
+    os.environ.setdefault(f"JSR_HUB_{name}", "unused")
+path = sys.argv[1]
+config = PyFileConfigLoader(os.path.basename(path), os.path.dirname(path)).load_config()
+spawner = SlurmSpawner(config=config)
+checks = (("RUNNING", spawner.state_isrunning), ("PENDING", spawner.state_ispending),
+          ("UNKNOWN", spawner.state_isunknown))  # batchspawner's order (query_job_status)
+verdicts = {}
+for status in json.loads(sys.argv[2]):
+    spawner.job_status = status
+    verdicts[status] = next((v for v, holds in checks if holds()), "NOTFOUND")
+print(json.dumps(verdicts))
+"""
+
+
+def test_only_slurms_word_that_the_job_ended_stops_a_users_server(hub):
+    """What the hub does with `squeue -h -j ID -o '%T %B'`: NOTFOUND stops the user's server
+    (and the clusters its kernels own); a failure of Slurm or of the command is UNKNOWN."""
+    answers = {
+        "RUNNING node2": "RUNNING",
+        "PENDING ": "PENDING",
+        "COMPLETED node2": "NOTFOUND",
+        "CANCELLED node2": "NOTFOUND",
+        "TIMEOUT node2": "NOTFOUND",
+        "slurm_load_jobs error: Invalid job id specified": "NOTFOUND",
+        "slurm_load_jobs error: Socket timed out on send/recv operation": "UNKNOWN",
+        "slurm_load_jobs error: Zero Bytes were transmitted or received": "UNKNOWN",
+        "slurm_load_jobs error: Unable to contact slurm controller (connect failure)": "UNKNOWN",
+        "runuser: cannot fork: Resource temporarily unavailable": "UNKNOWN",
+    }
+    config = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
+    done = subprocess.run(
+        [script("hub", "python").strip(), "-c", VERDICTS, str(config), json.dumps(list(answers))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == answers
 
 
 def test_the_dashboard_is_served_under_the_hubs_base_url(alice, cluster):

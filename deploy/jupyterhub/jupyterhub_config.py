@@ -45,6 +45,12 @@ c.SlurmSpawner.req_nprocs = "1"
 c.SlurmSpawner.req_memory = "1G"
 c.SlurmSpawner.req_runtime = env.get("JSR_HUB_RUNTIME", "2:00:00")
 c.SlurmSpawner.startup_poll_interval = 0.5
+# What batchspawner makes of `squeue -h -j ID -o '%T %B'` that is neither RUNNING nor PENDING:
+# it knows two of slurmctld's failures as "unknown" and takes any other answer for a job that
+# ended, and the hub then stops a server that runs (with the clusters its kernels own). Only
+# Slurm's "Invalid job id" and a job's own final state say that; any other failure ("Zero
+# Bytes were transmitted or received" under load, a fork that failed) is unknown, asked again.
+c.SlurmSpawner.state_unknown_re = r"^(?![A-Z_]+(?:\s|$))(?!slurm_load_jobs error: Invalid job id)\S"
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
 c.Spawner.environment = {
