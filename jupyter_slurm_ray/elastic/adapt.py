@@ -88,8 +88,9 @@ class Adapter:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task})
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("%s: adaptive scaling ended: %s", self.host.spec.name, task.exception())
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                log.warning("%s: adaptive scaling ended: %s", self.host.spec.name, failure)
 
     @property
     def running(self) -> bool:

@@ -187,9 +187,8 @@ class SlurmClient:
             # asking it again, one scontrol per job, only repeats that (gc over a thousand
             # old job dirs spent 14 s so). An answer from the shared queue may predate a job.
             fresh = self.shared is None or max_age <= 0
-            history = await self.history(
-                ended, controller=[j for j in ended if j in shown] if fresh else None
-            )
+            remembered = [j for j in ended if j in shown] if fresh else None
+            history = await self.history(ended, remembered=remembered)
             for job_id in ended:
                 infos[job_id] = merge_final(infos.get(job_id), history.get(job_id))
         return {j: info for j in ids if (info := infos.get(j)) is not None}
@@ -214,11 +213,11 @@ class SlurmClient:
         return answer.stdout
 
     async def history(
-        self, job_ids: Sequence[str], *, controller: Sequence[str] | None = None
+        self, job_ids: Sequence[str], *, remembered: Sequence[str] | None = None
     ) -> dict[str, JobInfo]:
         """Final state and exit code from accounting (slurmdbd) or, failing that, jobcomp;
-        then from slurmctld itself, which remembers ended jobs for MinJobAge (only the jobs
-        in ``controller``, when given: those it is known to remember)."""
+        then from slurmctld itself, which remembers ended jobs for MinJobAge (only about the
+        jobs in ``remembered``, when given: those it is known to remember)."""
         wanted = [_job_id(j) for j in job_ids]
         found: dict[str, JobInfo] = {}
         for extra in ([], ["-c"]):
@@ -234,8 +233,8 @@ class SlurmClient:
                 parsed = parse_sacct(answer.stdout)
                 found.update({j: parsed[j] for j in missing if j in parsed})
         missing = [j for j in wanted if j not in found]
-        if controller is not None:
-            missing = [j for j in missing if j in controller]
+        if remembered is not None:
+            missing = [j for j in missing if j in remembered]
         if missing:
             found.update(await self._scontrol_history(missing))
         return found

@@ -261,7 +261,7 @@ class LocalJobs(SlurmClient):
         return {info.job_id: info for info in infos if info is not None}
 
     async def history(
-        self, job_ids: Sequence[str], *, controller: Sequence[str] | None = None
+        self, job_ids: Sequence[str], *, remembered: Sequence[str] | None = None
     ) -> dict[str, JobInfo]:
         return await self.query(job_ids)
 
