@@ -30,9 +30,12 @@ settings.load_profile("jupyter-slurm-ray")
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup`` (scripts/run-tests) a test module is one group unless its
-    tests name another: the module's shared clusters and servers start once, on one worker."""
+    tests name another: the module's shared clusters and servers start once, on one worker.
+    The tests marked ``solo`` are one group: each takes the whole solo partition."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
+        if item.get_closest_marker("solo") is not None:
+            item.add_marker(pytest.mark.xdist_group("solo"))
+        elif item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
 
 
@@ -62,6 +65,18 @@ def testbed() -> Testbed:
             pytrace=False,
         )
     return found
+
+
+@pytest.fixture(scope="session")
+def solo_nodes(testbed: Testbed) -> tuple[str, ...]:
+    """The nodes of the solo partition (:data:`~tests.helpers.testbed.SOLO`), at least 3."""
+    if testbed.solo_nodes < 3:
+        pytest.fail(
+            f"the testbed has {testbed.solo_nodes} solo nodes; the tests marked solo need 3: "
+            "scripts/testbed up -s 3 (the default)",
+            pytrace=False,
+        )
+    return testbed.solo_node_names
 
 
 @pytest.fixture

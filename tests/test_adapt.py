@@ -4,7 +4,9 @@ another user, adapt keeps at most max_pending jobs waiting, PENDING with Slurm's
 ones poll after poll, and they join once the blocker ends; bad input changes nothing.
 
 One-CPU Ray nodes, each its own Slurm node (``exclusive``), so every Ray node has its own
-address; the head's node is one of the testbed's three.
+address; the head's node is one of the solo partition's three (``solo``: these tests run one at
+a time beside the rest). The test that pauses slurmctld runs alone (``exclusive``), on a
+cluster of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,10 +37,10 @@ from jupyter_slurm_ray.transport import LocalTransport
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
 from .helpers.faults import controller_paused, record_figure
 from .helpers.jobs import accounted_jobs, in_queue, jobs_with_comment, queue_state
-from .helpers.testbed import USER, runuser
+from .helpers.testbed import SOLO, USER, runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]  # whole nodes
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]  # whole nodes
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
 IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it
@@ -59,10 +62,10 @@ print(json.dumps({"done": sorted(i for i, _ in done), "hosts": sorted({h for _, 
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def adapting_cluster(tmp_path_factory) -> Iterator[SlurmRayCluster]:
+    """A 1-node cluster on the solo partition, up; at the end down, and nothing left."""
     registry = Registry(tmp_path_factory.mktemp("state"))
-    spec = cluster_spec(cpus_per_node=1, exclusive=True, owner_timeout=60)
+    spec = cluster_spec(partition=SOLO, cpus_per_node=1, exclusive=True, owner_timeout=60)
     cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
     cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
     yield cluster
@@ -73,6 +76,16 @@ def cluster(tmp_path_factory):
     wait_for(lambda: not processes_of(cluster.job_dir), 30, "the cluster's processes to end")
     record = registry.load(cluster.id)
     assert record is not None and record.state in ("CANCELLED", "STOPPED")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, solo_nodes) -> Iterator[SlurmRayCluster]:
+    yield from adapting_cluster(tmp_path_factory)
+
+
+@pytest.fixture
+def own_cluster(tmp_path_factory, solo_nodes) -> Iterator[SlurmRayCluster]:
+    yield from adapting_cluster(tmp_path_factory)
 
 
 def start_workload(cluster: SlurmRayCluster, tasks: int, seconds: float) -> subprocess.Popen:
@@ -158,13 +171,16 @@ def test_bad_input_is_one_line_and_changes_nothing(cluster):
 
 def idle_nodes() -> int:
     out = subprocess.run(
-        ["sinfo", "-h", "-t", "idle", "-o", "%D"], capture_output=True, text=True, check=False
+        ["sinfo", "-h", "-p", SOLO, "-t", "idle", "-o", "%D"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     return sum(int(n) for n in out.split() if n.isdigit())
 
 
 def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
-    # the testbed is shared: the two nodes it grows to must be free first
+    # the two nodes it grows to must be free first (the last solo test's jobs may still end)
     wait_for(lambda: idle_nodes() >= 2, QUEUE_WAIT, "two idle nodes")
     started = time.time()
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
@@ -213,10 +229,11 @@ def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
 
 @pytest.fixture
 def blocker():
-    """bob's job holding the testbed's other nodes: both, or the one other tests leave free
-    (a node range: it starts with what is idle, and the partition is full either way)."""
+    """bob's job holding the solo partition's other nodes: both, or the one a job that is
+    still ending leaves free (a node range: it starts with what is idle, and the partition is
+    full either way)."""
     done = subprocess.run(
-        [*runuser("bob"), "sbatch", "--parsable", "-N1-2", "--exclusive", "-t", "5",
+        [*runuser("bob"), "sbatch", "--parsable", "-p", SOLO, "-N1-2", "--exclusive", "-t", "5",
          "-J", "adapt-blocker", "-D", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -308,12 +325,14 @@ def sbatch_in_flight(user: str) -> bool:
     return False
 
 
-def test_scale_is_refused_while_adapting_and_down_during_a_scale_out_leaves_no_job(cluster):
+@pytest.mark.exclusive  # slurmctld paused
+def test_scale_is_refused_while_adapting_and_down_during_a_scale_out_leaves_no_job(own_cluster):
     """Issue 18, item 6. Adapt running: a manual scale is refused with adapt's bounds, from this
     process and from the CLI. Then, with slurmctld paused, a scale-out's sbatch is in flight,
     the caller is interrupted (as a cell is) and down is issued: down waits for the sbatch, and
     cancels the job it queued; Slurm's own count of the cluster's worker jobs is that one job,
-    cancelled. Ends the module's cluster: keep it last."""
+    cancelled."""
+    cluster = own_cluster
     started, before = time.time(), set(cluster.workers.jobs)
     cluster.adapt(minimum=1, maximum=2, idle_timeout=IDLE, max_pending=1)
     try:

@@ -40,7 +40,7 @@ from .helpers.faults import (
 )
 from .helpers.jobs import in_queue
 from .helpers.kernel import start_kernel
-from .helpers.testbed import runuser
+from .helpers.testbed import SOLO, runuser
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -217,9 +217,9 @@ def test_a_killed_kernels_worker_jobs_end_with_its_head(registry, testbed):
 
 
 # -- nodes --------------------------------------------------------------------------------------
-@pytest.mark.exclusive  # a node DOWN ends every job on it
-def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry):
-    cluster = new_cluster(registry, nodes=2)
+@pytest.mark.solo  # a node DOWN ends every job on it
+def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry, solo_nodes):
+    cluster = new_cluster(registry, nodes=2, partition=SOLO)
     cluster.up(connect=False)
     node = cluster.status.nodes[1]
     with node_down(node, reason="jsr fault test"):

@@ -1,12 +1,12 @@
 """``--here`` on the real testbed: Ray on the nodes of the notebook's own allocation.
 
-One notebook job for the whole file: ``sbatch -N3 -c2`` (all of the testbed's 3 nodes × 2
-CPUs) running a kernel's stand-in as alice on its first node (tests/resources/kernel_here.py),
-which does what each test asks. A cluster brought up ``--here`` runs a task on each of the 3
-hosts as steps of that allocation; ``down`` leaves the allocation running and no Ray process on
-any node; the allocation's end (``scancel`` of it, the last test) ends the cluster, which any
-other process then lists as CANCELLED, and leaves nothing. Requests that do not fit the
-allocation are refused before anything starts.
+One notebook job for the whole file: ``sbatch -p solo -N3 -c2`` (all of the solo partition's 3
+nodes × 2 CPUs) running a kernel's stand-in as alice on its first node
+(tests/resources/kernel_here.py), which does what each test asks. A cluster brought up
+``--here`` runs a task on each of the 3 hosts as steps of that allocation; ``down`` leaves the
+allocation running and no Ray process on any node; the allocation's end (``scancel`` of it,
+the last test) ends the cluster, which any other process then lists as CANCELLED, and leaves
+nothing. Requests that do not fit the allocation are refused before anything starts.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from .helpers.bootstrap import run_as_user, write_as_user
 from .helpers.clusters import processes_of
 from .helpers.jobs import in_queue, queue_state
 from .helpers.paths import REPO, VENV_ACTIVATE, VENV_PYTHON
-from .helpers.testbed import USER
+from .helpers.testbed import SOLO, USER
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]  # every CPU
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]  # every CPU
 
 KERNEL = REPO / "tests" / "resources" / "kernel_here.py"
 NOTEBOOK_JOB = """#!/bin/bash
 #SBATCH --job-name=jsr-here-notebook
-#SBATCH --nodes=3 --ntasks-per-node=1 --cpus-per-task=2 --time=20
+#SBATCH --partition={partition} --nodes=3 --ntasks-per-node=1 --cpus-per-task=2 --time=20
 #SBATCH --output={work}/notebook.out --error={work}/notebook.out
 exec {python} {kernel} {work} {python} {setup}
 """
@@ -95,11 +95,15 @@ def steps_named(job_id: str, name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def notebook(testbed) -> Iterator[Notebook]:
+def notebook(solo_nodes) -> Iterator[Notebook]:
     work = Path(f"/home/{USER}/.jsr-here-{uuid.uuid4().hex[:8]}")
     run_as_user("mkdir", "-m", "700", str(work))
     script = NOTEBOOK_JOB.format(
-        work=work, python=VENV_PYTHON, kernel=KERNEL, setup=shlex.quote(VENV_ACTIVATE)
+        partition=SOLO,
+        work=work,
+        python=VENV_PYTHON,
+        kernel=KERNEL,
+        setup=shlex.quote(VENV_ACTIVATE),
     )
     write_as_user(work / "notebook.sbatch", script)
     login = [f"HOME=/home/{USER}", f"USER={USER}", "PATH=/usr/local/bin:/usr/bin:/bin"]
@@ -110,7 +114,7 @@ def notebook(testbed) -> Iterator[Notebook]:
     book = Notebook(work, submit.stdout.strip().split(";")[0])
     try:
         outer = wait_for(lambda: book.reports(), 120, "the kernel to start")[0]
-        assert outer["event"] == "outer" and outer["host"] == "node1"
+        assert outer["event"] == "outer" and outer["host"] == solo_nodes[0]
         assert outer["environ"]["SLURM_JOB_ID"] == book.job_id
         yield book
     finally:
@@ -120,12 +124,15 @@ def notebook(testbed) -> Iterator[Notebook]:
         subprocess.run(["rm", "-rf", "--", str(work), *steps.glob(f"here-{book.job_id}-*")])
 
 
-def test_requests_the_allocation_cannot_hold_are_refused_before_anything_starts(notebook):
+def test_requests_the_allocation_cannot_hold_are_refused_before_anything_starts(
+    notebook, solo_nodes
+):
     answer = notebook.ask("refuse", 60)
     refused = answer["refused"]
     assert refused["nodes"]["field"] == "here_nodes"
     assert "at most 3 nodes" in refused["nodes"]["message"]
-    assert f"allocation {notebook.job_id} has 3: node1, node2, node3" in refused["nodes"]["message"]
+    held = f"allocation {notebook.job_id} has 3: {', '.join(solo_nodes)}"
+    assert held in refused["nodes"]["message"]
     assert (
         refused["gpus"]["field"] == "gpus_per_node" and "holds 0 GPUs" in refused["gpus"]["message"]
     )
@@ -135,12 +142,12 @@ def test_requests_the_allocation_cannot_hold_are_refused_before_anything_starts(
     assert queue_state(notebook.job_id) == "RUNNING"
 
 
-def test_up_here_runs_a_task_on_each_host_and_down_leaves_the_allocation(notebook):
+def test_up_here_runs_a_task_on_each_host_and_down_leaves_the_allocation(notebook, solo_nodes):
     up = notebook.ask("up", 300)
     job_id, job_dir = up["job_id"], up["job_dir"]
     assert job_id.startswith(f"here-{notebook.job_id}-")
-    assert up["hosts"] == ["node1", "node2", "node3"]  # a task ran on each node
-    assert up["here_nodes"] == "node1,node2,node3"  # the kernel's node is the head
+    assert up["hosts"] == list(solo_nodes)  # a task ran on each node
+    assert up["here_nodes"] == ",".join(solo_nodes)  # the kernel's node is the head
     assert up["connect"][0] == "driver", up["connect"]  # auto: a kernel in the allocation
     assert len(steps_named(notebook.job_id, job_id)) == 2  # the head's step, the workers'
     assert len(processes_of(job_dir)) > 10
@@ -150,13 +157,13 @@ def test_up_here_runs_a_task_on_each_host_and_down_leaves_the_allocation(noteboo
     assert queue_state(notebook.job_id) == "RUNNING"  # the notebook's allocation runs on
     wait_for(lambda: not processes_of(job_dir), 30, "no Ray process left on any node")
     wait_for(lambda: not steps_named(notebook.job_id, job_id), 30, "the steps to end")
-    assert notebook.ask("ping", 30)["host"] == "node1"  # and the notebook itself runs on
+    assert notebook.ask("ping", 30)["host"] == solo_nodes[0]  # and the notebook itself runs on
 
 
-def test_the_allocations_end_ends_the_cluster_truthfully_and_leaves_nothing(notebook):
+def test_the_allocations_end_ends_the_cluster_truthfully_and_leaves_nothing(notebook, solo_nodes):
     up = notebook.ask("up", 300)
     job_id, job_dir = up["job_id"], up["job_dir"]
-    assert up["hosts"] == ["node1", "node2", "node3"]
+    assert up["hosts"] == list(solo_nodes)
     subprocess.run(["scancel", notebook.job_id], check=True)  # the allocation, kernel and all
     wait_for(lambda: not in_queue(notebook.job_id), 60, "the allocation to end")
     wait_for(lambda: not processes_of(job_dir), 30, "no Ray process left on any node")

@@ -1,8 +1,9 @@
 """Placement groups as RL frameworks drive them (issue 20, item 3), on the testbed's fake GPUs:
 a STRICT_SPREAD group of one GPU per node over 3 nodes (an actor per bundle tells its node and
 ``ray.get_gpu_ids()``), a PACK group whose two actors share one GPU (``num_gpus=0.5`` each),
-through Ray Client and as a Ray driver (driver mode); and adapt growing a 1-node cluster with
-worker jobs for a pending STRICT_SPREAD group, then shrinking once the group is removed.
+through Ray Client and as a Ray driver (driver mode), on the solo partition; and adapt growing a
+1-node cluster with worker jobs for a pending STRICT_SPREAD group, then shrinking once the group
+is removed.
 
 Bundles are shaped as OpenRLHF's are, a GPU and some CPU each ({"CPU": 0.5, "GPU": 1}); every
 node of these clusters has both GPUs of a testbed node and one of its 2 CPUs (the other is left
@@ -44,13 +45,14 @@ from .helpers.clusters import (
 from .helpers.jobs import in_queue
 from .helpers.notebookjob import NotebookJob
 from .helpers.paths import ARTIFACTS, VENV_ACTIVATE, VENV_PYTHON
-from .helpers.testbed import runuser
+from .helpers.testbed import SOLO, runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]  # every GPU
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]  # every GPU
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
-GPU_NODE = dict(cpus_per_node=1, gpus_per_node=2)  # a testbed node's 2 fake GPUs, 1 of its CPUs
+# a solo node's 2 fake GPUs, 1 of its CPUs
+GPU_NODE = dict(partition=SOLO, cpus_per_node=1, gpus_per_node=2)
 IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it
 
 # What each workload below starts with (after the connection): where an actor runs.
@@ -156,7 +158,7 @@ class ThroughRayClient:
     """This process brings the 3-node cluster up; each workload runs in a fresh Python on the
     login side, connected with Ray Client (the mode on main today)."""
 
-    def start(self, tmp_path_factory) -> SlurmRayCluster:
+    def start(self, tmp_path_factory, solo_nodes: tuple[str, ...]) -> SlurmRayCluster:
         cluster = new_cluster(tmp_path_factory, nodes=3)
         cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
         return cluster
@@ -171,17 +173,22 @@ class ThroughRayClient:
 
 
 class AsARayDriver:
-    """A kernel inside a Slurm job on node1 (batchspawner's shape) brings the 3-node cluster up
-    with ``connect="driver"`` and runs each workload as a cell, an ordinary Ray driver
+    """A kernel inside a Slurm job on a solo node (batchspawner's shape) brings the 3-node
+    cluster up with ``connect="driver"`` and runs each workload as a cell, an ordinary Ray driver
     (tests/resources/kernel_driver_runs_workloads.py)."""
 
     program = "kernel_driver_runs_workloads.py"
 
-    def start(self, tmp_path_factory):
+    def start(self, tmp_path_factory, solo_nodes: tuple[str, ...]):
         settings = {**TEST_SPEC, **GPU_NODE, "nodes": 3, "owner_timeout": 60}
         del settings["python"], settings["setup"]
         job = NotebookJob.submit(
-            self.program, str(VENV_PYTHON), VENV_ACTIVATE, json.dumps(settings)
+            self.program,
+            str(VENV_PYTHON),
+            VENV_ACTIVATE,
+            json.dumps(settings),
+            node=solo_nodes[0],
+            partition=SOLO,
         )
         try:
             up = job.wait("up", QUEUE_WAIT + 180)
@@ -221,10 +228,10 @@ class AsARayDriver:
 
 
 @pytest.fixture(scope="class")
-def three_nodes(request, tmp_path_factory):
+def three_nodes(request, tmp_path_factory, solo_nodes):
     """A 3-node cluster for one class's tests, reached the class's way."""
     way = request.cls.way
-    cluster = way.start(tmp_path_factory)
+    cluster = way.start(tmp_path_factory, solo_nodes)
     yield cluster
     way.stop(cluster)
 
@@ -257,7 +264,7 @@ class TestThroughRayClient:
 
 
 class TestAsARayDriver(TestThroughRayClient):
-    """The same tests, the kernel in a job on node1 a Ray driver."""
+    """The same tests, the kernel in a job on a solo node a Ray driver."""
 
     way: ClassVar[ThroughRayClient | AsARayDriver] = AsARayDriver()
 
@@ -340,7 +347,10 @@ def record_payload(name: str, body: dict) -> None:
 
 def idle_nodes() -> int:
     out = subprocess.run(
-        ["sinfo", "-h", "-t", "idle", "-o", "%D"], capture_output=True, text=True, check=False
+        ["sinfo", "-h", "-p", SOLO, "-t", "idle", "-o", "%D"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     return sum(int(n) for n in out.split() if n.isdigit())
 
@@ -365,7 +375,7 @@ def adapt_moves(cluster: SlurmRayCluster) -> tuple[list[str], list[str], list[st
 
 
 @pytest.fixture
-def one_node(tmp_path_factory):
+def one_node(tmp_path_factory, solo_nodes):
     cluster = new_cluster(tmp_path_factory)
     cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
     yield cluster

@@ -22,19 +22,20 @@ from jupyter_slurm_ray.ui.reprs import cluster_queue
 
 from .helpers.clusters import cluster_spec, wait_until_nothing_left
 from .helpers.jobs import queue_state
-from .helpers.testbed import USER, runuser
+from .helpers.testbed import SOLO, USER, runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.exclusive]  # bob holds every node
+pytestmark = [pytest.mark.testbed, pytest.mark.solo]  # bob holds every solo node
 
 QUEUE_WAIT = 120.0  # other tests' jobs may still hold a node for a moment
 
 
 @pytest.fixture
-def every_node_held() -> Iterator[str]:
-    """bob's job on all three nodes of the testbed, for five minutes at most."""
+def every_node_held(solo_nodes) -> Iterator[str]:
+    """bob's job on every node of the solo partition, for five minutes at most."""
     done = subprocess.run(
-        [*runuser("bob"), "sbatch", "--parsable", "-N3", "--exclusive", "-t", "5",
+        [*runuser("bob"), "sbatch", "--parsable", "-p", SOLO, f"-N{len(solo_nodes)}",
+         "--exclusive", "-t", "5",
          "-J", "queue-blocker", "-D", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -59,7 +60,7 @@ def _no_new_clusters(*args, **kwargs):
 def test_a_pending_cluster_says_why_when_and_what_for(tmp_path, every_node_held):
     registry = Registry(tmp_path / "state")
     cluster = SlurmRayCluster(
-        cluster_spec(nodes=2, partition="debug"), LocalTransport(runuser(USER)), registry=registry
+        cluster_spec(nodes=2, partition=SOLO), LocalTransport(runuser(USER)), registry=registry
     )
     cluster.up(wait=False)
     try:
@@ -75,7 +76,7 @@ def test_a_pending_cluster_says_why_when_and_what_for(tmp_path, every_node_held)
         estimate = datetime.fromisoformat(slurms_estimate(cluster.job_id))
         assert abs((status.estimated_start - estimate).total_seconds()) <= 60
         queue = cluster_queue(cluster)
-        assert queue is not None and queue.hint == "waiting for 2 nodes in partition debug"
+        assert queue is not None and queue.hint == f"waiting for 2 nodes in partition {SOLO}"
         time.sleep(6)  # past the watcher's next ticks: they keep the newer answer
         assert cluster.status.estimated_start == status.estimated_start
         shown = cluster._repr_mimebundle_()["text/plain"]

@@ -27,11 +27,11 @@ from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
 from .helpers.jobs import in_queue
-from .helpers.testbed import runuser
+from .helpers.testbed import SOLO, runuser
 from .helpers.waiting import wait_for
 
-# exclusive: scaled to a head and 3 worker jobs, two thirds of the testbed's CPUs
-pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]
+# solo: scaled to a head and 2 worker jobs of whole nodes, every node of the solo partition
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]
 
 QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
 
@@ -71,9 +71,9 @@ def processes_of_job(job_dir: str, job_id: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, solo_nodes):
     registry = Registry(tmp_path_factory.mktemp("state"))
-    spec = cluster_spec(cpus_per_node=2, owner_timeout=60)
+    spec = cluster_spec(partition=SOLO, cpus_per_node=2, owner_timeout=60)
     cluster = SlurmRayCluster(spec, LocalTransport(runuser("alice")), registry=registry)
     cluster.up(connect=False, queue_timeout=QUEUE_WAIT)
     yield cluster

@@ -1,7 +1,8 @@
-"""Worker groups for real (issue 9): a CPU head on the `debug` partition, a `gpu` group of
-worker jobs on the `short` partition with one of the testbed's GPUs each (a task sent to the
-group sees its GPU), and a `brief` group of 2-minute worker jobs rotated before they end. Real
-sbatch, real Ray, as alice; nothing left at the end."""
+"""Worker groups for real (issue 9): a CPU head on the `solo` partition, a `gpu` group of
+worker jobs on the `solo-short` partition (the same nodes, another partition) with one of the
+testbed's GPUs each (a task sent to the group sees its GPU), and a `brief` group of 2-minute
+worker jobs rotated before they end. Real sbatch, real Ray, as alice; nothing left at the
+end."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from jupyter_slurm_ray.ui.formatting import scaling_text
 
 from .helpers.clusters import cluster_spec, ray_in_subprocess, ray_result, wait_until_nothing_left
 from .helpers.jobs import in_queue, jobs_with_comment
-from .helpers.testbed import runuser
+from .helpers.testbed import SOLO, runuser
 from .helpers.waiting import wait_for
 
-# exclusive: the rotation must find a CPU for the replacement before the 2-minute job ends
-pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.exclusive]
+# solo: the rotation must find a CPU for the replacement before the 2-minute job ends
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]
 
 QUEUE_WAIT = 300  # other tests may hold nodes
 
@@ -38,16 +39,16 @@ print(json.dumps(ray.get(where.remote())))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, solo_nodes):
     registry = Registry(tmp_path_factory.mktemp("state"))
     spec = cluster_spec(
-        partition="debug",
+        partition=SOLO,
         cpus_per_node=2,
         worker_groups={
-            "gpu": {"partition": "short", "gpus_per_node": 1, "time": "20"},
+            "gpu": {"partition": f"{SOLO}-short", "gpus_per_node": 1, "time": "20"},
             # rotated: ends 8 min before the head; one CPU, so that the replacement may start
             # beside the old one whatever holds the other nodes
-            "brief": {"partition": "short", "time": "2", "cpus_per_node": 1},
+            "brief": {"partition": f"{SOLO}-short", "time": "2", "cpus_per_node": 1},
             # a partition the testbed does not have: Slurm refuses its jobs at sbatch
             "nowhere": {"partition": "nosuch"},
         },
@@ -68,7 +69,7 @@ def test_a_gpu_group_on_another_partition_runs_the_tasks_sent_to_it(cluster):
     shown = subprocess.run(
         ["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True, check=True
     ).stdout
-    assert "Partition=short" in shown and "gpu:1" in shown, shown
+    assert f"Partition={SOLO}-short" in shown and "gpu:1" in shown, shown
     wait_for(lambda: cluster.refresh().nodes_joined == 2, QUEUE_WAIT, "the gpu worker to join")
     assert "worker jobs: gpu: 1 running" in scaling_text(cluster.status)
     with open(f"{cluster.job_dir}/ray_token") as f:

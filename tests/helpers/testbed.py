@@ -14,6 +14,11 @@ from jupyter_slurm_ray.transport import SSHTransport
 #: The unprivileged test user (``$JSR_USER`` inside the testbed).
 USER = os.environ.get("JSR_USER", "alice")
 
+#: The partition of the testbed's solo nodes (``scripts/testbed up -s``), which no other
+#: partition holds but ``solo-short``: the tests marked ``solo`` take every node of it, one
+#: test at a time, beside the tests sharing the default partition's nodes.
+SOLO = "solo"
+
 
 @dataclass(frozen=True)
 class Testbed:
@@ -26,6 +31,7 @@ class Testbed:
     user2: str
     keys: dict[str, str]
     nodes: int
+    solo_nodes: int
     gpus: int
 
     def key(self, user: str) -> str:
@@ -33,8 +39,13 @@ class Testbed:
 
     @property
     def node_names(self) -> tuple[str, ...]:
-        """``node1`` … ``nodeN``, as scripts/testbed names its compute nodes."""
+        """The default partition's nodes: ``node1`` … ``nodeN``, as scripts/testbed names them."""
         return tuple(f"node{i}" for i in range(1, self.nodes + 1))
+
+    @property
+    def solo_node_names(self) -> tuple[str, ...]:
+        """The nodes of the partition :data:`SOLO`, numbered after the default partition's."""
+        return tuple(f"node{i}" for i in range(self.nodes + 1, self.nodes + self.solo_nodes + 1))
 
 
 def testbed_from_environment() -> Testbed | None:
@@ -51,6 +62,7 @@ def testbed_from_environment() -> Testbed | None:
         user2=users[1],
         keys={u: env[f"JSR_KEY_{u}"] for u in users},
         nodes=int(env["JSR_NODES"]),
+        solo_nodes=int(env.get("JSR_SOLO_NODES", "0")),
         gpus=int(env["JSR_GPUS"]),
     )
 
