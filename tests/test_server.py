@@ -78,6 +78,7 @@ def root(tmp_path_factory) -> Path:
         f'python = "{VENV_PYTHON}"\n'
         f'setup = ["{VENV_ACTIVATE}"]\n'
         'object_store_memory = "200M"\n'
+        "start_timeout = 180\n"
     )
     return root
 
@@ -164,7 +165,7 @@ def test_post_creates_a_server_owned_cluster_from_a_profile(server, testbed):
         assert created["owner_pid"] == server.proc.pid
         assert created["state"] in ("PENDING", "STARTING")
         assert pending_or_running(created["job_id"])
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180 + 30  # the profile's start_timeout, then it fails
         state = created["state"]
         while state != "READY" and time.monotonic() < deadline:
             time.sleep(1)
