@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -66,3 +67,27 @@ def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
         check=True,
     )
     assert done.stdout.strip() == "True"
+
+
+def test_two_copies_on_the_path_run_once_and_the_sitecustomize_they_shadow_runs_once(tmp_path):
+    """A cluster started from a process of another cluster: its Ray processes have both
+    clusters' copies of the site path on PYTHONPATH (before: RecursionError in sitecustomize)."""
+    copies = [tmp_path / "this", tmp_path / "outer"]
+    for copy in copies:
+        shutil.copytree(SITE_PATH, copy)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.SHADOWED_RAN = getattr(builtins, 'SHADOWED_RAN', 0) + 1\n"
+    )
+    probe = (
+        "import builtins, sys; "
+        "print(getattr(builtins, 'SHADOWED_RAN', 0), "
+        "sum(type(f).__name__ == '_DeferredImports' for f in sys.meta_path))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in [*copies, other])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+    )
+    assert "Error in sitecustomize" not in done.stderr, done.stderr
+    assert done.stdout.split() == ["1", "1"]  # the shadowed one ran once; one deferral installed

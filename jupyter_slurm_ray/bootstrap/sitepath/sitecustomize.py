@@ -74,9 +74,16 @@ class _DeferredImports(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__deferred__ = True  # type: ignore[attr-defined]
 
 
+def _is_a_copy_of_this(path: str) -> bool:
+    """The directory holds this file's copy: another cluster's (a cluster started from a
+    process of another one has both on PYTHONPATH), or this one. Its guard's module marks it."""
+    return os.path.isfile(os.path.join(path or os.curdir, "jsr_clientguard.py"))
+
+
 def _run_shadowed_sitecustomize() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    """The first ``sitecustomize`` on sys.path that is not a copy of this one: running
+    another copy would run this again, which would look for the next one (endlessly)."""
+    others = [p for p in sys.path if not _is_a_copy_of_this(p)]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
     if spec is not None and spec.loader is not None:
         module = importlib.util.module_from_spec(spec)
