@@ -42,7 +42,7 @@ from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]  # whole nodes
 
-QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
+QUEUE_WAIT = 300  # the previous solo test's jobs may still be ending
 IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it
 
 WORKLOAD = """

@@ -50,7 +50,7 @@ from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]  # every GPU
 
-QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
+QUEUE_WAIT = 300  # the previous solo test's jobs may still be ending
 # a solo node's 2 fake GPUs, 1 of its CPUs
 GPU_NODE = dict(partition=SOLO, cpus_per_node=1, gpus_per_node=2)
 IDLE = 5.0  # seconds a worker node runs nothing before adapt retires it

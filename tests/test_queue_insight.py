@@ -27,7 +27,7 @@ from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.solo]  # bob holds every solo node
 
-QUEUE_WAIT = 120.0  # other tests' jobs may still hold a node for a moment
+QUEUE_WAIT = 120.0  # the previous solo test's jobs may still hold a node for a moment
 
 
 @pytest.fixture

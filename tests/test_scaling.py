@@ -33,7 +33,7 @@ from .helpers.waiting import wait_for
 # solo: scaled to a head and 2 worker jobs of whole nodes, every node of the solo partition
 pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]
 
-QUEUE_WAIT = 300  # other tests may hold nodes: their jobs end within their walltime
+QUEUE_WAIT = 300  # the previous solo test's jobs may still be ending
 
 # Every task tells where it runs (a file beside the flag) and waits for the flag file (one
 # machine: the nodes share /tmp), so that tasks still run on the worker nodes as they drain.

@@ -25,7 +25,7 @@ from .helpers.waiting import wait_for
 # solo: the rotation must find a CPU for the replacement before the 2-minute job ends
 pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.solo]
 
-QUEUE_WAIT = 300  # other tests may hold nodes
+QUEUE_WAIT = 300  # the previous solo test's jobs may still be ending
 
 IN_THE_GROUP = """
 import os
