@@ -36,7 +36,7 @@ from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.clusters import cluster_spec, last_json_line, processes_of
 from .helpers.faults import controller_paused, record_figure
-from .helpers.jobs import accounted_jobs, in_queue, jobs_with_comment, queue_state
+from .helpers.jobs import accounted_jobs, idle_nodes, in_queue, jobs_with_comment, queue_state
 from .helpers.testbed import SOLO, USER, runuser
 from .helpers.waiting import wait_for
 
@@ -169,19 +169,9 @@ def test_bad_input_is_one_line_and_changes_nothing(cluster):
     assert (cluster.status.nodes_wanted, dict(cluster.workers.jobs)) == before
 
 
-def idle_nodes() -> int:
-    out = subprocess.run(
-        ["sinfo", "-h", "-p", SOLO, "-t", "idle", "-o", "%D"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return sum(int(n) for n in out.split() if n.isdigit())
-
-
 def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
     # the two nodes it grows to must be free first (the last solo test's jobs may still end)
-    wait_for(lambda: idle_nodes() >= 2, QUEUE_WAIT, "two idle nodes")
+    wait_for(lambda: idle_nodes(SOLO) >= 2, QUEUE_WAIT, "two idle nodes")
     started = time.time()
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
     try:

@@ -42,7 +42,7 @@ from .helpers.clusters import (
     ray_result,
     wait_until_nothing_left,
 )
-from .helpers.jobs import in_queue
+from .helpers.jobs import idle_nodes, in_queue
 from .helpers.notebookjob import NotebookJob
 from .helpers.paths import ARTIFACTS, VENV_ACTIVATE, VENV_PYTHON
 from .helpers.testbed import SOLO, runuser
@@ -345,16 +345,6 @@ def record_payload(name: str, body: dict) -> None:
     (folder / f"{name}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def idle_nodes() -> int:
-    out = subprocess.run(
-        ["sinfo", "-h", "-p", SOLO, "-t", "idle", "-o", "%D"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return sum(int(n) for n in out.split() if n.isdigit())
-
-
 def adapt_moves(cluster: SlurmRayCluster) -> tuple[list[str], list[str], list[str]]:
     """The worker jobs adapt submitted and retired, and the causes it gave (``scaled``)."""
     cluster.refresh()
@@ -389,7 +379,7 @@ def test_adapt_grows_for_a_pending_strict_spread_group_and_shrinks_after(one_nod
     holds one bundle and each other one needs a node of its own: exactly 2 worker jobs. The
     group is placed on 3 nodes; once it is removed, the idle worker jobs are retired."""
     cluster = one_node
-    wait_for(lambda: idle_nodes() >= 2, QUEUE_WAIT, "two idle nodes")
+    wait_for(lambda: idle_nodes(SOLO) >= 2, QUEUE_WAIT, "two idle nodes")
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
     try:
         workload = start_workload(cluster, SPREAD_WHEN_PLACED, str(QUEUE_WAIT))

@@ -119,6 +119,18 @@ def accounted_jobs(name: str, workdir: str, since: float, user: str = USER) -> d
     return {i: state for i, n, state, d in rows if n == name and d.rstrip("/") == workdir}
 
 
+def idle_nodes(partition: str) -> int:
+    """How many of the partition's nodes are idle (``sinfo`` without ``-p`` would count a node
+    once per partition it is in)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-p", partition, "-t", "idle", "-o", "%D"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return sum(int(n) for n in out.split() if n.isdigit())
+
+
 def job_fields(job_id: str) -> dict[str, str]:
     """``scontrol show job`` as a dict (Key=Value pairs)."""
     out = subprocess.run(
