@@ -270,7 +270,7 @@ def test_a_neighbour_squatting_ray_clients_own_server_ports_never_gets_the_token
     job.submit(extra_sbatch=["--nodelist=node3"])
     connection = job.wait_ready(120)
     tokens = Tokens(job.path / "ray_token")
-    bobs.append(Bob(node=3, mode="clientserver:1"))
+    bobs.append(Bob(node=3, mode=f"clientserver:1:{connection['gcs_address']}"))
     used = run_ray_client(job)  # it retries a failed start, as client/connect.py does
     assert used["hosts"] == ["node3"]
     bob = bobs[0]

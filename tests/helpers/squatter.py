@@ -3,9 +3,10 @@
 ``python3 squatter.py VICTIM_UID OUT_DIR SECONDS MODE [PORT ...]`` binds the PORTs at once;
 MODE ``watch``: it then watches /proc/net/tcp{,6} for every new listening socket of
 VICTIM_UID and binds the ten ports after it (where it can), as soon as it appears;
-``clientserver:K``: it watches the victim's new processes for Ray Client's per-client server
-(``--mode=specific-server --port=N`` on its command line, readable by every user) and binds
-its port N before that server does, for the first K of them; ``hold``: nothing more. Each of
+``clientserver:K:GCS``: it watches the victim's new processes for Ray Client's per-client
+server of the cluster whose GCS is at GCS (``--mode=specific-server --address=GCS --port=N``
+on its command line, readable by every user: the other clusters on the host are not his
+target) and binds its port N before that server does, for the first K of them; ``hold``: nothing more. Each of
 its listeners answers like an HTTP/2 server (its SETTINGS frame, then the ACK of the
 client's) so that a gRPC client goes on to send its request headers, and records every
 byte it receives in OUT_DIR/<port>-<n>.bin; OUT_DIR/log.jsonl says what it saw and did.
@@ -41,7 +42,9 @@ class Squatter:
         with self.lock, open(os.path.join(self.out, "log.jsonl"), "a") as log:
             log.write(json.dumps(fields) + "\n")
 
-    def new_client_servers(self, first_seen: dict[str, float], done: set[str]) -> list[int]:
+    def new_client_servers(
+        self, gcs: str, first_seen: dict[str, float], done: set[str]
+    ) -> list[int]:
         """Ports of the victim's Ray Client servers that started since the last look (a young
         process is read again: until its exec it shows its parent's command line)."""
         ports, now = [], time.monotonic()
@@ -61,7 +64,7 @@ class Squatter:
             except OSError:
                 done.add(name)
                 continue
-            if b"--mode=specific-server" in words:
+            if b"--mode=specific-server" in words and f"--address={gcs}".encode() in words:
                 done.add(name)
                 ports += [int(w[7:]) for w in words if w.startswith(b"--port=")]
         return ports
@@ -137,7 +140,8 @@ class Squatter:
         print("watching", flush=True)
         deadline = time.monotonic() + seconds
         if mode.startswith("clientserver:"):
-            self.on_client_servers(int(mode.split(":")[1]), deadline)
+            _, count, gcs = mode.split(":", 2)
+            self.on_client_servers(int(count), gcs, deadline)
         while mode != "watch" and time.monotonic() < deadline:
             time.sleep(0.5)
         while time.monotonic() < deadline:
@@ -148,11 +152,11 @@ class Squatter:
                     self.hold(following, port)
             time.sleep(0.001)
 
-    def on_client_servers(self, count: int, deadline: float) -> None:
+    def on_client_servers(self, count: int, gcs: str, deadline: float) -> None:
         done = {name for name in os.listdir("/proc") if name.isdigit()}  # before: not news
         first_seen: dict[str, float] = {}
         while count > 0 and time.monotonic() < deadline:
-            for port in self.new_client_servers(first_seen, done)[:count]:
+            for port in self.new_client_servers(gcs, first_seen, done)[:count]:
                 self.note(what="client_server_seen", port=port)
                 self.hold(port, port)
                 count -= 1
