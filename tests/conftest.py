@@ -10,11 +10,9 @@ this. Helpers live in ``tests/helpers``.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,7 +46,6 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     and tests that must not share the testbed would run at once."""
     if node.config.getoption("dist") != "loadgroup" or not ids:
         return
-    TAIL.total = len(ids)
     if not any("@" in nodeid for nodeid in ids):
         pytest.exit(
             f"--dist loadgroup has no effect with pytest {pytest.__version__} and this "
@@ -56,33 +53,6 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
             "extra in pyproject.toml allows (scripts/setup --tests)",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
-
-
-class Tail:
-    """Tells scripts/run-tests when the real tier is down to its last few tests, by writing
-    $JSR_REAL_TIER_TAIL_FILE once ``$JSR_REAL_TIER_TAIL_AT`` (default 8) or fewer are left:
-    the browser tests start then, on the core the tier's tail leaves idle. In the pytest-xdist
-    controller only (it alone knows the total); a no-op without the variable."""
-
-    def __init__(self) -> None:
-        self.file = os.environ.get("JSR_REAL_TIER_TAIL_FILE", "")
-        self.at = int(os.environ.get("JSR_REAL_TIER_TAIL_AT", "8"))
-        self.total = self.finished = 0
-        self.told = False
-
-    def test_finished(self) -> None:
-        self.finished += 1
-        if self.file and self.total and not self.told and self.total - self.finished <= self.at:
-            Path(self.file).write_text(f"{self.finished} of {self.total} tests were done\n")
-            self.told = True
-
-
-TAIL = Tail()
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "teardown":
-        TAIL.test_finished()
 
 
 @pytest.fixture(scope="session")
