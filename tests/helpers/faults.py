@@ -74,23 +74,65 @@ def _node_state(node: str) -> str:
     return done.stdout.split()[0] if done.stdout.split() else ""
 
 
-def sshd_sessions(user: str, daemon: int | None = None) -> list[int]:
-    """PIDs of the sshd processes serving ``user``'s sessions (children of the daemon, by
-    default the login node's)."""
+def ssh_client_ports(server_port: int) -> set[int]:
+    """The local ports of this process's TCP connections to ``server_port`` (its SSH ones)."""
+    return {local for local, remote in _connections(os.getpid()) if remote == server_port}
+
+
+def sshd_sessions_from(client_ports: set[int], daemon: int | None = None) -> list[int]:
+    """PIDs of the sshd processes (children of the daemon, by default the login node's)
+    serving the connections that come from ``client_ports``: one client's sessions, not the
+    other sessions of its user (other tests' beside it)."""
     daemon = daemon_pid("sshd") if daemon is None else daemon
+    return [
+        pid
+        for pid in _children(daemon)
+        if any(remote in client_ports for _, remote in _connections(pid))
+    ]
+
+
+def _children(parent: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == daemon and cmdline.startswith(f"sshd: {user}"):
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
             found.append(int(entry.name))
     return found
+
+
+def _connections(pid: int) -> list[tuple[int, int]]:
+    """(local port, remote port) of the TCP sockets ``pid`` holds, as its network namespace
+    sees them."""
+    inodes = set()
+    try:
+        fds = list(os.scandir(f"/proc/{pid}/fd"))
+    except OSError:
+        return []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd.path)
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            words = row.split()
+            if len(words) > 9 and int(words[9]) in inodes:
+                found.append((_port(words[1]), _port(words[2])))
+    return found
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1], 16)
 
 
 def record_figure(fault: str, **figures: object) -> None:

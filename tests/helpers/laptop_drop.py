@@ -1,7 +1,8 @@
 """A laptop session through an SSH drop: run by tests/test_cluster_ssh.py in the host
-("laptop") network namespace. While a Ray task runs, the sshd process serving the session is
-killed; a squatter keeps trying to take the forwards' local ports and records what reaches
-it. Prints one JSON object with what it saw.
+("laptop") network namespace. While a Ray task runs, the sshd process serving the session
+(its connection's, not the user's other sessions) is killed; a squatter keeps trying to take
+the forwards' local ports and records what reaches it. Prints one JSON object with what it
+saw.
 
 Usage: python -m tests.helpers.laptop_drop STATE_DIR SSHD_DAEMON_PID
 """
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import ray
 
+from jupyter_slurm_ray.aio import run_sync
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
 
 from .clusters import cluster_spec
-from .faults import sshd_sessions
+from .faults import ssh_client_ports, sshd_sessions_from
 from .testbed import ssh_transport, testbed_from_environment
 
 SQUATTER = """
@@ -57,8 +59,9 @@ print(json.dumps({"bound": bound, "received": received.decode("latin-1")}))
 def main() -> None:
     testbed = testbed_from_environment()
     assert testbed is not None, "run inside the testbed (JSR_* variables)"
-    user, daemon = testbed.user, int(sys.argv[2])
+    daemon = int(sys.argv[2])
     transport = ssh_transport(testbed)
+    bystander = ssh_transport(testbed)
     cluster = SlurmRayCluster(
         cluster_spec(owner_timeout=20), transport, registry=Registry(sys.argv[1]), poll_interval=1
     )
@@ -82,7 +85,9 @@ def main() -> None:
             text=True,
         )
         time.sleep(1)
-        sessions = sshd_sessions(user, daemon)
+        ours = ssh_client_ports(testbed.ssh_port)  # the cluster's connection (the only one yet)
+        run_sync(bystander.run(["true"]))  # another session of the user: it must go on
+        sessions = sshd_sessions_from(ours, daemon)
         for pid in sessions:
             os.kill(pid, signal.SIGKILL)
         dropped = time.monotonic()
@@ -106,7 +111,10 @@ def main() -> None:
         squat = json.loads(out)
         seen["squatter_bound"] = squat["bound"]
         seen["squatter_got_token"] = token in squat["received"]
+        run_sync(bystander.run(["true"]))
+        seen["bystander_connects"] = bystander.connects
     finally:
+        run_sync(bystander.close())
         downed = time.monotonic()
         status = cluster.down()
         seen["down_s"] = round(time.monotonic() - downed, 1)
@@ -118,8 +126,6 @@ def main() -> None:
 
 
 def _read(cluster: SlurmRayCluster, path: str) -> str:
-    from jupyter_slurm_ray.aio import run_sync
-
     return run_sync(cluster.transport.read_file(path))
 
 
