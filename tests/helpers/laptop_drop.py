@@ -114,7 +114,6 @@ def main() -> None:
         run_sync(bystander.run(["true"]))
         seen["bystander_connects"] = bystander.connects
     finally:
-        run_sync(bystander.close())
         downed = time.monotonic()
         status = cluster.down()
         seen["down_s"] = round(time.monotonic() - downed, 1)
@@ -122,6 +121,7 @@ def main() -> None:
         seen["forwards_after_down"] = len(transport.open_forwards)
         seen["job_id"], seen["job_dir"] = cluster.job_id, cluster.job_dir
         cluster.close()
+        run_sync(bystander.close())
     print(json.dumps(seen), flush=True)
 
 
