@@ -370,8 +370,8 @@ BLOCK = len(portblock.PORT_NAMES) + 16  # the ports of a block of these tests' j
 
 
 def narrow_range() -> tuple[int, int]:
-    """Three blocks, below the other tests' 20000-32000."""
-    low = 11000 + (os.getpid() % 300) * BLOCK
+    """Three blocks, below the other tests' 19000-32000."""
+    low = 11000 + (os.getpid() % 170) * BLOCK
     return low, low + 3 * BLOCK - 1
 
 

@@ -47,6 +47,7 @@ portblock = bootstrap_module("portblock")
 BOB = "bob"
 SQUATTER = Path(__file__).parent / "helpers" / "squatter.py"
 CHUNK = 8  # no 8 consecutive characters of a token may reach bob
+HASH_RANGE = (19000, 19999)  # only the hash_jobid test's: below the other clusters' 20000-32000
 
 
 class Bob:
@@ -211,8 +212,9 @@ def test_a_neighbour_squatting_the_next_ports_never_gets_the_token(
 def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
     jobs: list[JobDir], bobs: list[Bob]
 ) -> None:
-    plain = JobDir.create(nodes=1, port_strategy="hash_jobid")
-    squatted = JobDir.create(nodes=1, port_strategy="hash_jobid")
+    # a range no other test's cluster uses: a block claimed beside this test would move plain's
+    plain = JobDir.create(nodes=1, port_strategy="hash_jobid", port_range=list(HASH_RANGE))
+    squatted = JobDir.create(nodes=1, port_strategy="hash_jobid", port_range=list(HASH_RANGE))
     jobs += [plain, squatted]
     size = len(portblock.PORT_NAMES) + plain.settings["worker_ports"]
     port_range = tuple(plain.settings["port_range"])
@@ -230,7 +232,7 @@ def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
     assert [c["start"] for c in claims() if c["job_id"] == plain.job_id] == [expected]
 
     connection = squatted.wait_ready(120)
-    # a later derived block: the next one, unless another test's cluster holds it
+    # a later derived block: the next one, unless plain's claim covers it
     start = connection["ports"]["node_manager"]
     assert start in order[1:], (start, order[:5])
     assert dashboard in bobs[0].squatted()
