@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .errors import SlurmRayError, SlurmUnavailable, UnknownTarget
+from .job.directory import JobDir
+from .lease import LeaseSeen
 from .naming import job_comment
+from .ownership import Claim, claim_alive, read_lease
 from .registry import ClusterRecord, Registry, Unreadable
 from .slurm.client import JobInfo, SlurmClient
 from .slurm.queuecache import SharedQueue
@@ -31,7 +35,15 @@ log = logging.getLogger(__name__)
 
 SHARED_MAX_AGE = 2.0  # seconds: how old a queue answer another process of the user got may be
 
-__all__ = ["Entry", "Inventory", "Orphan", "find_orphans", "format_table", "reconcile"]
+__all__ = [
+    "Entry",
+    "Inventory",
+    "Orphan",
+    "find_orphans",
+    "format_table",
+    "kept_by_their_owners",
+    "reconcile",
+]
 
 
 @dataclass(frozen=True)
@@ -312,6 +324,26 @@ async def find_orphans(slurm: SlurmClient, registry: Registry) -> list[Orphan]:
         if why and cluster_id not in unreadable_ids:
             orphans.append(Orphan(job_id, cluster_id, why))
     return orphans
+
+
+async def kept_by_their_owners(
+    slurm: SlurmClient, orphans: Sequence[Orphan]
+) -> dict[str, LeaseSeen]:
+    """Of ``orphans``, the jobs whose lease, in the job dir Slurm runs them in, a live owner
+    still renews: a kernel elsewhere (a laptop over SSH, another login node) that keeps its
+    own registry. Job id -> that lease. Their owner keeps them: they are no orphans."""
+    if not orphans:
+        return {}
+    directories = await slurm.work_dirs()
+    offered = [o.job_id for o in orphans if o.job_id in directories]
+    leases = await asyncio.gather(
+        *(read_lease(JobDir(slurm.transport, directories[job_id])) for job_id in offered)
+    )
+    return {
+        job_id: lease
+        for job_id, lease in zip(offered, leases, strict=True)
+        if lease is not None and claim_alive(Claim(lease.owner, lease.term, lease), math.inf)
+    }
 
 
 def _why_worker_orphan(job_id: str, record: ClusterRecord | None) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.ui.cli import main
 
 from .helpers.clusters import wait_until_nothing_left
 from .helpers.faults import record_figure
@@ -133,6 +134,24 @@ def test_a_second_kernel_killed_while_observing_leaves_the_cluster_running(owner
     record_figure(
         "second kernel attaches and is killed", cluster_kept_s=round(time.monotonic() - started, 1)
     )
+
+
+@pytest.mark.usefixtures("root_logging_kept")
+def test_gc_where_the_owner_keeps_no_record_leaves_the_cluster_to_its_owner(
+    owner, tmp_path, monkeypatch, capsys
+):
+    """``gc`` with a registry that knows nothing of A's cluster (A's is on its laptop, say):
+    A's lease in the job dir says A keeps it, so it is no orphan and nothing is cancelled."""
+    job_id = record_of(owner).job_id
+    assert job_id
+    monkeypatch.setenv("JUPYTER_SLURM_RAY_STATE_DIR", str(tmp_path / "elsewhere"))
+    assert main(["gc", "--yes", job_id]) == 0
+    out = capsys.readouterr().out
+    kept = rf"job {job_id} \(cluster {owner['name']}-\w+\): no record of it here, but "
+    kept += rf"pid {owner['pid']} on {socket.gethostname()} keeps its lease \(renewed \d+ s ago\)"
+    assert re.search(kept, out), out
+    assert "no orphaned jobs" in out and f"cancelled job {job_id}" not in out
+    still_running_for(owner, 3)
 
 
 def test_takeover_moves_ownership_the_old_owner_is_told_and_its_exit_cancels_nothing(owner, server):

@@ -318,6 +318,17 @@ class SlurmClient:
                 found[job_id.strip()] = cluster_id
         return found
 
+    async def work_dirs(self) -> dict[str, str]:
+        """This user's active jobs' working directories (``--chdir``: a cluster's job dir,
+        whichever machine submitted it), one squeue: job id -> directory."""
+        out = await self._slurm(["squeue", "-h", "--me", "-o", "%i|%Z"])
+        found = {}
+        for line in out.splitlines():
+            job_id, _, directory = line.partition("|")
+            if job_id.strip().isdigit() and directory.startswith("/"):
+                found[job_id.strip()] = directory.strip()
+        return found
+
     async def find_tagged(self, cluster_id: str) -> str | None:
         """The job id of the active job tagged for ``cluster_id`` (the newest), or None."""
         jobs = [j for j, c in (await self.tagged_jobs()).items() if c == cluster_id]

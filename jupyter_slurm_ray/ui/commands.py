@@ -12,7 +12,7 @@ from ..config import resolve_spec
 from ..elastic.groups import checked_name
 from ..elastic.workerjobs import checked_node_count
 from ..errors import SlurmRayError, SlurmUnavailable
-from ..inventory import Entry, Orphan, find_orphans, format_table
+from ..inventory import Entry, Orphan, find_orphans, format_table, kept_by_their_owners
 from ..job import packs, retention
 from ..job.directory import probe_site
 from ..naming import is_cluster_id
@@ -149,11 +149,12 @@ def gc(
     dry_run: bool = False,
     confirm_removal: ConfirmRemoval | None = None,
 ) -> list[str]:
-    """Offer to cancel our tagged jobs that no live record owns (see ``find_orphans``), then
-    prune what ended clusters left on disk past ``record_retention_days`` (``job/retention.py``:
-    job dirs, unused packs, cached packs), after ``confirm_removal``. ``dry_run``: say what
-    would be done and the space it would free; do nothing. ``jobs``: only these job or
-    cluster ids (their job dirs; no packs)."""
+    """Offer to cancel our tagged jobs that no live record owns (see ``find_orphans``) unless
+    a live owner elsewhere renews their lease (``kept_by_their_owners``), then prune what
+    ended clusters left on disk past ``record_retention_days`` (``job/retention.py``: job
+    dirs, unused packs, cached packs), after ``confirm_removal``. ``dry_run``: say what would
+    be done and the space it would free; do nothing. ``jobs``: only these job or cluster ids
+    (their job dirs; no packs)."""
     cancelled: set[str] = set()
     lines = _cancel_orphans(session, jobs, confirm, dry_run, cancelled)
     return [*lines, *_prune(session, jobs, dry_run, confirm_removal or _yes, cancelled)]
@@ -175,9 +176,18 @@ def _cancel_orphans(
     if jobs:
         wanted = set(jobs)
         orphans = [o for o in orphans if {o.job_id, o.cluster_id} & wanted]
+    kept = run_sync(kept_by_their_owners(slurm, orphans))
+    lines = [
+        f"job {o.job_id} (cluster {o.cluster_id}): {o.why} here, but "
+        f"{kept[o.job_id].owner.describe()} keeps its lease (renewed "
+        f"{kept[o.job_id].age() or 0:.0f} s ago): left to its owner"
+        for o in orphans
+        if o.job_id in kept
+    ]
+    orphans = [o for o in orphans if o.job_id not in kept]
     if not orphans:
-        return ["no orphaned jobs"]
-    lines = [f"job {o.job_id} (cluster {o.cluster_id}): {o.why}" for o in orphans]
+        return [*lines, "no orphaned jobs"]
+    lines += [f"job {o.job_id} (cluster {o.cluster_id}): {o.why}" for o in orphans]
     if dry_run:
         return [*lines, f"would cancel {len(orphans)} job(s) (after asking, or with --yes)"]
     chosen = [o for o in orphans if confirm(o)]

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import time
 
 import pytest
 
+from jupyter_slurm_ray.bootstrap.jsr_wire import LEASE_FILE
 from jupyter_slurm_ray.errors import RegistryError
-from jupyter_slurm_ray.inventory import Entry, Inventory, find_orphans, format_table
+from jupyter_slurm_ray.inventory import (
+    Entry,
+    Inventory,
+    find_orphans,
+    format_table,
+    kept_by_their_owners,
+)
 from jupyter_slurm_ray.naming import job_comment
+from jupyter_slurm_ray.owner import ProcessIdentity, this_process
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.states import status_of_record
@@ -22,6 +33,12 @@ def good(**fields) -> ClusterRecord:
     values = dict(id="good-0001", name="good", target="fake", job_dir="/j/good-0001", job_id="5")
     values.update(fields)
     return ClusterRecord(**values)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def plant(registry: Registry, cluster_id: str, text: str) -> None:
@@ -129,3 +146,38 @@ def test_a_record_without_its_owners_identity_is_not_the_readers(registry):
     assert (record.owner_pid, record.owner_host, record.owner_started) == (0, "", None)
     assert record.owner_process.alive is None and not record.owner_gone
     assert Entry(record.id, record, status_of_record(record)).owner == "unknown"
+
+
+def lease_text(owner: ProcessIdentity, age: float, renew_every: float = 2.5) -> str:
+    content = {**owner.to_dict(), "term": 0, "seq": 9, "t": time.time() - age}
+    return json.dumps(content | {"renew_every": renew_every}) + "\n"
+
+
+async def test_gc_leaves_a_job_whose_lease_a_live_owner_elsewhere_renews(
+    registry, transport, slurm, tmp_path
+):
+    """No record here (the kernel that owns it keeps its registry on a laptop), but its lease,
+    in the job dir Slurm runs the job in, is fresh: not an orphan. A stale lease, the lease
+    of a process gone from this host, or none at all leaves it offered."""
+    laptop = ProcessIdentity("laptop", 4242, "boot:1")
+    gone = ProcessIdentity(socket.gethostname(), dead_pid(), None)
+    leases = {
+        "11": lease_text(laptop, age=2),
+        "12": lease_text(laptop, age=60),
+        "13": lease_text(gone, age=1),
+        "14": None,
+        "15": lease_text(this_process(), age=0, renew_every=1),
+    }
+    for job_id, text in leases.items():
+        job_dir = tmp_path / "jobs" / f"c{job_id}"
+        job_dir.mkdir(parents=True)
+        if text is not None:
+            (job_dir / LEASE_FILE).write_text(text)
+        comment = job_comment(f"c{job_id}-0001")
+        slurm.jobs[job_id] = FakeJob(job_id, str(job_dir / "job.sbatch"), comment, state="RUNNING")
+    client = SlurmClient(transport)
+    orphans = await find_orphans(client, registry)
+    assert [o.why for o in orphans] == ["no record of it"] * 5
+    kept = await kept_by_their_owners(client, orphans)
+    assert sorted(kept) == ["11", "15"]
+    assert kept["11"].owner == laptop and 1 < (kept["11"].age() or 0) < 10

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -130,6 +131,12 @@ class FakeSlurm:
     def _squeue(self, argv: list[str]) -> CommandResult:
         if "--me" in argv and argv[argv.index("-o") + 1] == "%i|%k":  # our tagged jobs
             lines = [f"{j.job_id}|{j.comment}" for j in self._visible() if j.state in _ACTIVE]
+            return _result(argv, 0, "".join(line + "\n" for line in lines))
+        if "--me" in argv and argv[argv.index("-o") + 1] == "%i|%Z":  # their job dirs
+            lines = [
+                f"{j.job_id}|{os.path.dirname(j.script_path)}" for j in self._visible()
+                if j.state in _ACTIVE
+            ]  # fmt: skip
             return _result(argv, 0, "".join(line + "\n" for line in lines))
         if "--me" in argv:  # the whole queue of the user (shared between processes)
             found = self._visible()
