@@ -2,7 +2,7 @@
 
 Run as the notebook job's own process by tests/test_here.py: ``python kernel_here.py WORK
 PYTHON SETUP``. It does what the test asks, one request at a time: the test writes
-``WORK/ask-<n>`` holding an action, the kernel answers with one JSON line in
+``WORK/ask-<n>`` holding an action and a newline, the kernel answers with one JSON line in
 ``WORK/report.jsonl`` carrying ``n`` (an ``error`` line when the action failed). Actions:
 
 - ``refuse``: three requests that do not fit the allocation (more nodes than it has, a GPU it
@@ -82,10 +82,11 @@ def main() -> None:
     asked, deadline = 1, time.monotonic() + 600
     while time.monotonic() < deadline:
         request = work / f"ask-{asked}"
-        if not request.exists():
+        text = request.read_text() if request.exists() else ""
+        if not text.endswith("\n"):  # not there yet, or being written (cat creates it first)
             time.sleep(0.2)
             continue
-        action = request.read_text().strip()
+        action = text.strip()
         try:
             if action == "refuse":
                 report(action, n=asked, **refuse(registry))
@@ -103,6 +104,8 @@ def main() -> None:
             elif action == "down" and cluster is not None:
                 cluster.down()
                 report(action, n=asked, job_id=cluster.job_id, state=str(cluster.state))
+            else:
+                raise ValueError(f"no such request here: {action!r}")
         except Exception:
             report("error", n=asked, error=traceback.format_exc())
         asked, deadline = asked + 1, time.monotonic() + 600
