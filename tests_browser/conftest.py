@@ -51,3 +51,18 @@ def testbed_user() -> str:
             "run inside the testbed: scripts/testbed exec -- python -m pytest tests_browser"
         )
     return os.environ["JSR_USER"]
+
+
+#: The files that wait longest (a cluster's two-minute walltime running out, a hub spawning
+#: servers as Slurm jobs, a Lab restarted), collected first: under ``--dist loadfile``
+#: pytest-xdist hands files to its workers in collection order, so the short files fill the
+#: other workers meanwhile instead of one of them being left with a long file at the end.
+WAIT_LONGEST = ("test_walltime_notification.py", "test_hub.py", "test_lab_state.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return WAIT_LONGEST.index(name) if name in WAIT_LONGEST else len(WAIT_LONGEST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
