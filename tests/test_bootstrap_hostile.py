@@ -1,8 +1,8 @@
 """A hostile neighbour on the compute nodes gets no token: bob, inside the head node's network
-namespace, watches /proc/net/tcp for every new listener of alice's and binds the ten ports
-after it as it appears (or binds the port he can predict beforehand), answering like a gRPC
-server and recording every byte. Alice's cluster either starts on ports bob does not hold or
-fails clearly, and no piece of any token her job ever had is in what bob received.
+namespace, watches the node's TCP sockets for every new listener of alice's cluster and binds
+the ten ports after it as it appears (or binds the port he can predict beforehand), answering
+like a gRPC server and recording every byte. Alice's cluster either starts on ports bob does
+not hold or fails clearly, and no piece of any token her job ever had is in what bob received.
 
 Real jobs on the testbed as alice, bob's listeners run as bob (``helpers/squatter.py``).
 """
@@ -48,6 +48,8 @@ BOB = "bob"
 SQUATTER = Path(__file__).parent / "helpers" / "squatter.py"
 CHUNK = 8  # no 8 consecutive characters of a token may reach bob
 HASH_RANGE = (19000, 19999)  # only the hash_jobid test's: below the other clusters' 20000-32000
+# only the watched cluster's: bob squats after its listeners alone, not other tests' clusters
+WATCHED_RANGE = (17000, 17999)
 
 
 class Bob:
@@ -147,12 +149,13 @@ def bobs(testbed) -> Iterator[list[Bob]]:
 def test_a_neighbour_squatting_the_next_ports_never_gets_the_token(
     jobs: list[JobDir], bobs: list[Bob], role: str
 ) -> None:
-    """bob squats after each new listener of alice's on the head's node, or on a worker's."""
+    """bob squats after each new listener of alice's cluster on the head's node, or on a
+    worker's."""
     node = 1 if role == "head" else 2
-    job = JobDir.create(nodes=2)
+    job = JobDir.create(nodes=2, port_range=list(WATCHED_RANGE))
     jobs.append(job)
     tokens = Tokens(job.path / "ray_token")
-    bobs.append(Bob(node=node, mode="watch"))
+    bobs.append(Bob(node=node, mode="watch:{}-{}".format(*WATCHED_RANGE)))
     bob = bobs[0]
     job.submit(extra_sbatch=["--nodelist=node1,node2"])
     began = job.wait_started()["t"]

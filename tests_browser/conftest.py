@@ -53,11 +53,12 @@ def testbed_user() -> str:
     return os.environ["JSR_USER"]
 
 
-#: The files that wait longest (a cluster's two-minute walltime running out, a hub spawning
-#: servers as Slurm jobs, a Lab restarted), collected first: under ``--dist loadfile``
-#: pytest-xdist hands files to its workers in collection order, so the short files fill the
-#: other workers meanwhile instead of one of them being left with a long file at the end.
-WAIT_LONGEST = ("test_walltime_notification.py", "test_hub.py", "test_lab_state.py")
+#: The files that wait longest (a cluster's two-minute walltime running out, a Lab restarted,
+#: a hub spawning servers as Slurm jobs), collected first: under ``--dist loadfile
+#: --no-loadscope-reorder`` (scripts/run-tests) pytest-xdist hands files to its workers in
+#: collection order, so the short files fill the other workers meanwhile instead of one of
+#: them being left with a long file at the end.
+WAIT_LONGEST = ("test_walltime_notification.py", "test_lab_state.py", "test_hub.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

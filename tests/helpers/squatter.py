@@ -1,8 +1,10 @@
 """A hostile neighbour, run as another user inside a compute node's network namespace.
 
 ``python3 squatter.py VICTIM_UID OUT_DIR SECONDS MODE [PORT ...]`` binds the PORTs at once;
-MODE ``watch``: it then watches the node's TCP sockets for every new listening socket of
-VICTIM_UID and binds the ten ports after it (where it can), as soon as it appears;
+MODE ``watch:LOW-HIGH``: it then watches the node's TCP sockets for every new listening socket
+of VICTIM_UID on a port in LOW-HIGH (the port range of the cluster under test: the victim's
+other clusters on the node are not his target) and binds the ten ports after it (where it
+can), as soon as it appears;
 ``clientserver:K:GCS``: it watches the victim's new processes for Ray Client's per-client
 server of the cluster whose GCS is at GCS (``--mode=specific-server --address=GCS --port=N``
 on its command line, readable by every user: the other clusters on the host are not his
@@ -162,10 +164,14 @@ class Squatter:
         if mode.startswith("clientserver:"):
             _, count, gcs = mode.split(":", 2)
             self.on_client_servers(int(count), gcs, deadline)
-        while mode != "watch" and time.monotonic() < deadline:
-            time.sleep(0.5)
+        if not mode.startswith("watch:"):
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+            return
+        low, high = map(int, mode.removeprefix("watch:").split("-"))
         while time.monotonic() < deadline:
-            for port in sorted(self.victims_listeners() - self.seen):
+            listeners = {port for port in self.victims_listeners() if low <= port <= high}
+            for port in sorted(listeners - self.seen):
                 self.seen.add(port)
                 self.note(what="victim_listener", port=port)
                 for following in range(port + 1, port + 1 + NEXT_PORTS):
