@@ -370,7 +370,7 @@ BLOCK = len(portblock.PORT_NAMES) + 16  # the ports of a block of these tests' j
 
 
 def narrow_range() -> tuple[int, int]:
-    """Three blocks, below the other tests' 19000-32000."""
+    """Three blocks, below the other tests' 17000-32000."""
     low = 11000 + (os.getpid() % 170) * BLOCK
     return low, low + 3 * BLOCK - 1
 
