@@ -2,7 +2,7 @@
 joined) measured in the same run on the same testbed; and the squeue calls per poll of the
 watcher while the scaled cluster (a head and two worker jobs) runs.
 
-Every job takes a whole node (``cpus_per_node=2``), the nodes are idle before each run, and
+Every job takes a whole node (``exclusive``), the nodes are idle before each run, and
 times come from the bootstrap's own events (``time.time()`` on this one machine). Each figure
 is given in total and "from job start" (the queue left out: on a shared testbed another user's
 job of higher priority can hold the worker jobs back; for a fresh up, from its job's first
@@ -46,7 +46,7 @@ class CountingTransport(LocalTransport):
 
 
 def new_cluster(nodes: int, registry: Registry, transport: LocalTransport) -> SlurmRayCluster:
-    spec = cluster_spec(nodes=nodes, cpus_per_node=2)
+    spec = cluster_spec(nodes=nodes, cpus_per_node=2, exclusive=True)
     return SlurmRayCluster(spec, transport, registry=registry, poll_interval=0.2)
 
 
