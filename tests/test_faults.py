@@ -326,6 +326,8 @@ def test_output_that_is_not_utf8_does_not_stop_the_final_state(registry):
     cluster = new_cluster(registry, setup=["printf 'caf\\351 \\377\\n'", "sleep 600"])
     cluster.up(wait=False)
     wait_for(lambda: cluster.state is State.STARTING, 60, "the job to run")
+    # RUNNING comes before the setup line's output: cancelled in between, the log was empty
+    wait_for(lambda: "caf" in cluster.logs(), 60, "the setup line's output")
     subprocess.run(["scancel", cluster.job_id], check=True)
     wait_for(lambda: cluster.state.is_final, 60, "the cancel to be seen")
     assert cluster.state is State.CANCELLED
