@@ -7,6 +7,7 @@ Slurm's silence is remembered with its start, never taken for an end; a job is f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import replace
 
@@ -35,6 +36,9 @@ class JobFollower:
         self.notice: str | None = None  # why Slurm or the job dir did not answer
         self.node_reasons: dict[str, str] = {}
         self.news_for_slurm = False  # the last events read say Slurm has news (ask it now)
+        # refresh() beside the watcher's poll: both read from the same offset, and each event
+        # was taken in twice (seen: a test waiting for exactly two `worker_draining` saw four)
+        self._reading = asyncio.Lock()
 
     async def observe(self, answer: Answer, job_dir: JobDir, slurm: SlurmClient) -> str:
         """Take in one poll's news; returns the job's log tail when it ended badly."""
@@ -58,12 +62,13 @@ class JobFollower:
         return log_tail
 
     async def read_events(self, job_dir: JobDir) -> None:
-        try:
-            events, self.events_offset = await job_dir.read_events(self.events_offset)
-        except SlurmRayError as exc:
-            self.notice = f"cannot read the job's events: {exc}"
-            return
-        self.events.add(events)
+        async with self._reading:
+            try:
+                events, self.events_offset = await job_dir.read_events(self.events_offset)
+            except SlurmRayError as exc:
+                self.notice = f"cannot read the job's events: {exc}"
+                return
+            self.events.add(events)
         self.news_for_slurm = any(
             e.get("event") in _NEWS_FOR_SLURM or e.get("phase") == Phase.BOOTSTRAP for e in events
         )

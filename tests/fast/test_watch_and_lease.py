@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from jupyter_slurm_ray.follow import JobFollower
 from jupyter_slurm_ray.lease import Lease, renew_interval
 from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
 from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
@@ -65,3 +66,22 @@ async def test_the_lease_outlives_write_failures():
     assert lease.kept and written[1].startswith("{") and lease.renewed_at is not None
     lease.release()
     assert not lease.kept
+
+
+class SlowEventsFile:
+    """A job dir whose events file answers after a pause, as a command on a node does."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.lines = [json.dumps(e) + "\n" for e in events]
+
+    async def read_events(self, offset: int) -> tuple[list[dict], int]:
+        text = "".join(self.lines)[offset:]
+        await asyncio.sleep(0.01)  # another reader starts meanwhile
+        return [json.loads(line) for line in text.splitlines()], offset + len(text)
+
+
+async def test_a_refresh_beside_the_watchers_poll_takes_each_event_in_once():
+    follower = JobFollower()
+    job_dir = SlowEventsFile([{"event": "worker_draining", "worker_job": j} for j in "12"])
+    await asyncio.gather(*(follower.read_events(job_dir) for _ in range(3)))  # type: ignore[arg-type]
+    assert [e["worker_job"] for e in follower.events.events] == ["1", "2"]
