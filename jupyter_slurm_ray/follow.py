@@ -37,7 +37,8 @@ class JobFollower:
         self.node_reasons: dict[str, str] = {}
         self.news_for_slurm = False  # the last events read say Slurm has news (ask it now)
         # refresh() beside the watcher's poll: both read from the same offset, and each event
-        # was taken in twice (seen: a test waiting for exactly two `worker_draining` saw four)
+        # was taken in twice (seen: a test that waited for exactly two `worker_draining` events
+        # never counted two)
         self._reading = asyncio.Lock()
 
     async def observe(self, answer: Answer, job_dir: JobDir, slurm: SlurmClient) -> str:

@@ -1,4 +1,5 @@
-"""The job watcher never dies, and the lease is renewed on its own timer."""
+"""The job watcher never dies, a job's events are taken in once, and the lease is renewed on
+its own timer."""
 
 from __future__ import annotations
 
