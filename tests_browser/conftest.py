@@ -7,9 +7,11 @@ it before editing, it is shared.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from tests.helpers.paths import ARTIFACTS  # `tests` is importable: pythonpath in pytest.ini
 
@@ -26,15 +28,23 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """pytest-playwright launches Debian's Chromium (no downloaded browser builds here)."""
-    return {
-        **browser_type_launch_args,
-        "executable_path": CHROMIUM,
-        "args": CHROMIUM_ARGS,
-        "headless": True,
-    }
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium (no downloaded browser builds here), one per test file.
+
+    Not pytest-playwright's session-wide browser: Playwright's sync API leaves its event loop
+    the thread's running loop for as long as it lives, and scripts/run-tests runs these files in
+    the real tier's session, where an asyncio test that comes after them on the same worker
+    could not start its own loop ("Runner.run() cannot be called from a running event loop").
+    """
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 @pytest.fixture(scope="session")
@@ -51,19 +61,3 @@ def testbed_user() -> str:
             "run inside the testbed: scripts/testbed exec -- python -m pytest tests_browser"
         )
     return os.environ["JSR_USER"]
-
-
-#: The files that wait longest (a cluster's two-minute walltime running out, a Lab restarted,
-#: a hub spawning servers as Slurm jobs), collected first: under ``--dist loadfile
-#: --no-loadscope-reorder`` (scripts/run-tests) pytest-xdist hands files to its workers in
-#: collection order, so the short files fill the other workers meanwhile instead of one of
-#: them being left with a long file at the end.
-WAIT_LONGEST = ("test_walltime_notification.py", "test_lab_state.py", "test_hub.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return WAIT_LONGEST.index(name) if name in WAIT_LONGEST else len(WAIT_LONGEST)
-
-    items.sort(key=rank)  # stable: a file's tests keep their order
