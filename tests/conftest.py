@@ -20,6 +20,7 @@ from hypothesis import settings
 
 from jupyter_slurm_ray.transport import LocalTransport, SSHTransport
 
+from .helpers.gate import wait_at_the_gate
 from .helpers.testbed import Testbed, runuser, ssh_transport, testbed_from_environment
 
 # No example database: tests leave no files outside their tmp dirs (.hypothesis/ included).
@@ -27,16 +28,63 @@ settings.register_profile("jupyter-slurm-ray", database=None)
 settings.load_profile("jupyter-slurm-ray")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: The groups that take longest, longest first (seconds in a full run on 2 cores; the bare
+#: names are tests_browser/'s files): under ``--no-loadscope-reorder`` (scripts/run-tests)
+#: pytest-xdist hands the groups to its workers in this order, so the long ones start first and
+#: the short ones (the others, in collection order) fill the workers at the end. A stale list
+#: costs time, never a result.
+LONGEST_FIRST = (
+    "solo",  # 529: every solo test, one after the other
+    "bob-squats-ports",  # 239
+    "tests.test_cluster",  # 233
+    "tests.test_bootstrap",  # 206
+    "tests.test_faults",  # 168
+    "tests.test_containers",  # 134
+    "tests.test_ownership",  # 115
+    "test_hub",  # 112: a hub spawning servers as Slurm jobs
+    "tests.test_driver_mode",  # 109
+    "test_walltime_notification",  # 109: a two-minute walltime running out
+    "tests.test_doctor",  # 87-123
+    "tests.test_local_mode",  # 86-112
+    "test_lab_state",  # 101: a Lab restarted
+    "tests.test_packs",  # 101
+    "tests.test_notebooks",  # 89
+    "tests.test_proxy",  # 86
+    "tests.test_cluster_ssh",  # 78
+    "tests.test_server",  # 68
+    "tests.test_magics",  # 64
+    "test_quickstart_lab",  # 55
+    "test_labextension",  # 55
+    "test_takeover",  # 49
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     """Under ``--dist loadgroup`` (scripts/run-tests) a test module is one group unless its
     tests name another: the module's shared clusters and servers start once, on one worker.
-    The tests marked ``solo`` are one group: each takes the whole solo partition."""
+    The tests marked ``solo`` are one group: each takes the whole solo partition. Groups are
+    given before pytest-xdist reads them; the groups of :data:`LONGEST_FIRST` come first, once
+    pytest has ordered the tests by their fixtures."""
     for item in items:
         if item.get_closest_marker("solo") is not None:
             item.add_marker(pytest.mark.xdist_group("solo"))
         elif item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+    yield
+    items.sort(key=_longest_first)  # stable: a group's tests keep their order
+
+
+def _longest_first(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("xdist_group")
+    group = marker.args[0] if marker is not None and marker.args else ""
+    return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)  # before a pytest-xdist worker reports its collection
+def pytest_collection_finish() -> None:
+    """Collected: wait for scripts/run-tests to open the gate (tests/helpers/gate.py)."""
+    wait_at_the_gate()
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the controller
