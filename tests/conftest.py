@@ -56,6 +56,9 @@ LONGEST_FIRST = (
     "test_quickstart_lab",  # 55
     "test_labextension",  # 55
     "test_takeover",  # 49
+    "tests.test_slurm_real",  # 37-59: its tests that are not solo
+    "tests.test_proxy_variables",  # 28-51
+    "tests.test_accounting",  # 39-47
 )
 
 
