@@ -25,6 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import ConnectError
+from .deferral import defer_costly_imports
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ def import_ray() -> None:
     it: 2 s in a notebook's environment, paid while the job waits rather than after the head
     answers. Nothing when ray is missing (``preflight`` says so when it matters)."""
     started = time.monotonic()
+    defer_costly_imports()
     try:
         import ray
         import ray.util.client.worker  # noqa: F401
@@ -185,6 +187,7 @@ def connect_ray_client(
 
     Blocking: call it off the event loop that serves SSH forwards.
     """
+    defer_costly_imports()
     set_client_environment(token_path, timeout)
     import ray
 
@@ -222,6 +225,7 @@ def connect_driver(gcs_address: str, token_path: str, *, node_ip: str, temp_dir:
     wrong address waits for many minutes.
     """
     set_token_environment(token_path)
+    defer_costly_imports()
     _reload_ray_auth_settings()
     import ray
 

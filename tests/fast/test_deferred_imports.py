@@ -1,5 +1,7 @@
 """The job's Ray processes do not pay for imports they do not use (bootstrap/sitepath): checked
-in a fresh interpreter with the same PYTHONPATH the bootstrap gives them."""
+in a fresh interpreter with the same PYTHONPATH the bootstrap gives them. Nor does a kernel
+that imports ray to connect, nor any process of a venv with the .pth line scripts/setup
+writes (client/deferral.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,16 @@ import textwrap
 from pathlib import Path
 
 import jupyter_slurm_ray
+from jupyter_slurm_ray.client.deferral import pth_line
 
 SITE_PATH = Path(jupyter_slurm_ray.__file__).parent / "bootstrap" / "sitepath"
+
+# the process as it would be without the project venv's .pth line (scripts/setup)
+UNDEFERRED = (
+    "import sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_DeferredImports']\n"
+    "sys.modules.pop('jsr_deferred', None)\n"
+)
 
 PROBE = """
 import json, sys
@@ -29,10 +39,10 @@ print(json.dumps(seen))
 """
 
 
-def probe(pythonpath: str) -> dict:
+def probe(pythonpath: str, first: str = "") -> dict:
     env = {**os.environ, "PYTHONPATH": pythonpath}
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PROBE)],
+        [sys.executable, "-c", first + textwrap.dedent(PROBE)],
         capture_output=True,
         text=True,
         env=env,
@@ -49,9 +59,41 @@ def test_importing_ray_in_the_jobs_processes_does_not_build_rfc3987_grammars():
     assert seen["iri_ok"] is True and seen["iri_bad"] is False and seen["lark_after_use"]
 
 
-def test_without_the_site_path_the_cost_is_there_so_the_test_above_means_something():
-    seen = probe("")
+def test_without_the_deferral_the_cost_is_there_so_the_tests_here_mean_something():
+    seen = probe("", UNDEFERRED)
     assert not seen["deferred"] and seen["lark_after_import_ray"]
+
+
+def test_a_kernel_defers_them_before_it_imports_ray_to_connect():
+    first = (
+        "from jupyter_slurm_ray.client.connect import import_ray\n"
+        "import_ray()  # what a kernel does while its job waits\n"
+    )
+    seen = probe("", UNDEFERRED + first)
+    assert seen["deferred"] and not seen["lark_after_import_ray"]
+    assert seen["iri_ok"] is True and seen["iri_bad"] is False and seen["lark_after_use"]
+
+
+def test_the_venvs_pth_line_defers_them_in_any_process_and_is_silent_once_its_file_is_gone(
+    tmp_path,
+):
+    site_dir, gone = tmp_path / "site", tmp_path / "gone"
+    site_dir.mkdir()
+    gone.mkdir()
+    (site_dir / "jupyter_slurm_ray_deferred.pth").write_text(pth_line())
+    (gone / "jupyter_slurm_ray_deferred.pth").write_text(pth_line(tmp_path / "moved.py"))
+    seen = probe("", UNDEFERRED + f"import site\nsite.addsitedir({str(site_dir)!r})\n")
+    assert seen["deferred"] and not seen["lark_after_import_ray"]
+    assert seen["iri_ok"] is True and seen["iri_bad"] is False and seen["lark_after_use"]
+    add_gone = f"import site\nsite.addsitedir({str(gone)!r})\n"
+    done = subprocess.run(
+        [sys.executable, "-c", UNDEFERRED + add_gone + "print('jsr_deferred' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert (done.stdout.strip(), done.stderr) == ("False", "")
 
 
 def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
