@@ -35,13 +35,12 @@ settings.load_profile("jupyter-slurm-ray")
 #: costs time, never a result.
 LONGEST_FIRST = (
     "solo",  # 529: every solo test, one after the other
-    "bob-squats-ports",  # 239
+    "bob-squats-ports",  # 432: bob's port games, the hub's and OOD's modules
     "tests.test_cluster",  # 233
     "tests.test_bootstrap",  # 206
     "tests.test_faults",  # 168
     "tests.test_containers",  # 134
     "tests.test_ownership",  # 115
-    "test_hub",  # 112: a hub spawning servers as Slurm jobs
     "tests.test_driver_mode",  # 109
     "test_walltime_notification",  # 109: a two-minute walltime running out
     "tests.test_doctor",  # 87-123

@@ -32,6 +32,10 @@ from tests.helpers.hub import (
     user_records,
 )
 
+# scripts/run-tests: one pytest-xdist group with tests/test_hub.py and tests/test_ood.py (the
+# same hub and Apache on the login node) and the tests where bob squats ports (see there)
+pytestmark = pytest.mark.xdist_group("bob-squats-ports")
+
 NOTEBOOK = "jsr-hub-demo.ipynb"
 NAME = f"hubdemo{secrets.token_hex(3)}"  # alice's registry outlives a run: her older records stay
 UP_TIMEOUT_MS = 240_000
