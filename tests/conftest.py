@@ -34,30 +34,30 @@ settings.load_profile("jupyter-slurm-ray")
 #: the short ones (the others, in collection order) fill the workers at the end. A stale list
 #: costs time, never a result.
 LONGEST_FIRST = (
-    "solo",  # 529: every solo test, one after the other
-    "bob-squats-ports",  # 432: bob's port games, the hub's and OOD's modules
-    "tests.test_cluster",  # 233
-    "tests.test_bootstrap",  # 206
-    "tests.test_faults",  # 168
-    "tests.test_containers",  # 134
-    "tests.test_ownership",  # 115
-    "tests.test_driver_mode",  # 109
-    "test_walltime_notification",  # 109: a two-minute walltime running out
-    "tests.test_doctor",  # 87-123
-    "tests.test_local_mode",  # 86-112
-    "test_lab_state",  # 101: a Lab restarted
-    "tests.test_packs",  # 101
-    "tests.test_notebooks",  # 89
-    "tests.test_proxy",  # 86
-    "tests.test_cluster_ssh",  # 78
-    "tests.test_server",  # 68
-    "tests.test_magics",  # 64
-    "test_quickstart_lab",  # 55
-    "test_labextension",  # 55
-    "test_takeover",  # 49
-    "tests.test_slurm_real",  # 37-59: its tests that are not solo
-    "tests.test_proxy_variables",  # 28-51
-    "tests.test_accounting",  # 39-47
+    "solo",  # 467: every solo test, one after the other
+    "bob-squats-ports",  # 399: bob's port games, the hub's and OOD's modules
+    "tests.test_cluster",  # 184
+    "tests.test_bootstrap",  # 170
+    "tests.test_faults",  # 145
+    "tests.test_driver_mode",  # 108
+    "tests.test_ownership",  # 99
+    "test_walltime_notification",  # 96: a two-minute walltime running out
+    "tests.test_containers",  # 91
+    "tests.test_local_mode",  # 89
+    "tests.test_proxy",  # 76
+    "tests.test_cluster_ssh",  # 75
+    "test_lab_state",  # 71: a Lab restarted
+    "tests.test_packs",  # 68
+    "tests.test_server",  # 64
+    "tests.test_magics",  # 53
+    "tests.test_doctor",  # 51
+    "test_labextension",  # 50
+    "tests.test_slurm_real",  # 49: its tests that are not solo
+    "tests.test_notebooks",  # 42
+    "tests.test_accounting",  # 37
+    "tests.test_proxy_variables",  # 34
+    "test_quickstart_lab",  # 34
+    "test_takeover",  # 27
 )
 
 
