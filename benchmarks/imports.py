@@ -20,12 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.results import write_result
 from jupyter_slurm_ray.client.deferral import defer_costly_imports
+from tests.helpers.deferral import UNDEFERRED
 
-UNDEFERRED = (
-    "import sys\n"
-    "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_DeferredImports']\n"
-    "sys.modules.pop('jsr_deferred', None)\n"
-)
 DEFERRED = (
     "from jupyter_slurm_ray.client.deferral import defer_costly_imports\ndefer_costly_imports()\n"
 )

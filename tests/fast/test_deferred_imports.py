@@ -16,14 +16,9 @@ from pathlib import Path
 import jupyter_slurm_ray
 from jupyter_slurm_ray.client.deferral import pth_line
 
-SITE_PATH = Path(jupyter_slurm_ray.__file__).parent / "bootstrap" / "sitepath"
+from ..helpers.deferral import UNDEFERRED
 
-# the process as it would be without the project venv's .pth line (scripts/setup)
-UNDEFERRED = (
-    "import sys\n"
-    "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_DeferredImports']\n"
-    "sys.modules.pop('jsr_deferred', None)\n"
-)
+SITE_PATH = Path(jupyter_slurm_ray.__file__).parent / "bootstrap" / "sitepath"
 
 PROBE = """
 import json, sys
