@@ -591,10 +591,13 @@ class SlurmRayCluster:
         """The running adaptive loop, if any (its settings, decisions, last error)."""
         return self.elastic.adapting
 
-    async def dashboard_endpoint(self) -> tuple[str, int]:
-        """Where this process reaches the head's dashboard (through its forward)."""
-        forward = await self._client.dashboard_forward(self.job_directory())
-        return forward.local_host, forward.local_port
+    async def dashboard_endpoint(self) -> tuple[str, int, str | None]:
+        """Where this process reaches the head's dashboard (through its forward), and the
+        cluster's CA when that is the head's relay (https), else None."""
+        job_dir = self.job_directory()
+        forward = await self._client.dashboard_forward(job_dir)
+        tls = await self._client.local_tls(job_dir)
+        return forward.local_host, forward.local_port, str(tls.ca) if tls else None
 
     def require_owner(self, what: str) -> None:
         if self._status.job_id is not None:

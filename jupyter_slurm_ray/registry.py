@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .bootstrap.jsr_wire import TLS_CA_CERT, TLS_CLIENT_CERT, TLS_CLIENT_KEY, TlsFiles
 from .errors import RegistryError, SlurmRayError
 from .files import write_atomic
 from .naming import CLUSTER_ID_ALLOWED, HERE_JOB_ID, is_cluster_id, target_name
@@ -416,8 +417,10 @@ class Registry:
     def delete(self, cluster_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._file(cluster_id).unlink()
-        with contextlib.suppress(FileNotFoundError):
-            self.token_path(cluster_id).unlink()
+        tls = self.tls_copy(cluster_id)
+        for secret in (self.token_path(cluster_id), tls.cert, tls.key, tls.ca):
+            with contextlib.suppress(FileNotFoundError):
+                secret.unlink()
 
     def prune(self, retention: float, now: float | None = None) -> list[str]:
         """Delete the records of clusters that ended more than ``retention`` seconds ago."""
@@ -441,6 +444,23 @@ class Registry:
         path = self.token_path(cluster_id)
         write_atomic(path, token, 0o600)
         return path
+
+    def tls_copy(self, cluster_id: str) -> TlsFiles:
+        """Where this process keeps its private copy of a cluster's CA and client certificate."""
+        base = self.token_path(cluster_id)
+        return TlsFiles(
+            base.with_name(f"{cluster_id}.{TLS_CLIENT_CERT}"),
+            base.with_name(f"{cluster_id}.{TLS_CLIENT_KEY}"),
+            base.with_name(f"{cluster_id}.{TLS_CA_CERT}"),
+        )
+
+    def store_tls(self, cluster_id: str, cert: str, key: str, ca: str) -> TlsFiles:
+        """This process's private copies (0600) of a cluster's CA and client certificate."""
+        self._ensure_dirs()
+        copy = self.tls_copy(cluster_id)
+        for path, text in ((copy.cert, cert), (copy.key, key), (copy.ca, ca)):
+            write_atomic(path, text, 0o600)
+        return copy
 
     def read_token(self, cluster_id: str) -> str | None:
         """This process's copy of a cluster's token, if it has one it can trust."""

@@ -221,20 +221,25 @@ class ClusterSpec:
         _BOOTSTRAP.port_strategy,
         choice(*PORT_STRATEGIES),
         "text",
-        "How each node's port block is chosen: 'random' (a free block in port_range), 'fixed' "
-        "(from fixed_port_base) or 'hash_jobid' (derived from the Slurm job id, so that it can "
-        "be predicted: port_range cut into blocks of 6 + worker_ports ports from its low end, "
-        "block number int(sha256(job id), 16) mod their count, the next one when it is taken). "
-        "Every block is bind-probed, its listeners verified as Ray's, and given up for "
-        "another (with a new token) when someone else listens on one of its ports.",
+        "How each node's ports are chosen: 'kernel' (the default: every port is the one the "
+        "kernel gives when Ray binds it, so nobody can predict, take first or drain one; Ray "
+        "Client's is held for it until it listens), or, for a site whose firewall opens only "
+        "port_range, a block of it: 'random' (a free block), 'fixed' (from fixed_port_base) "
+        "or 'hash_jobid' (derived from the Slurm job id, so that it can be predicted: "
+        "port_range cut into blocks of 6 + worker_ports ports from its low end, block number "
+        "int(sha256(job id), 16) mod their count, the next one when it is taken). A block is "
+        "bind-probed, its listeners verified as Ray's, given up for another (with a new token) "
+        "when someone else listens on one of its ports before clients are told, and watched "
+        "for the cluster's whole life (a worker port taken later: ports_taken, degraded).",
     )
     port_range: tuple[int, int] = _setting(
         _BOOTSTRAP.port_range,
         port_pair,
         "ints",
-        "Ports of the node blocks: [low, high]. A block holds Ray's node manager, object "
-        "manager, Ray Client, dashboard and two metrics ports, then worker_ports worker ports; "
-        "Ray's GCS and agents take ports the kernel assigns (outside it).",
+        "Ports of the node blocks when port_strategy is not 'kernel': [low, high]. A block "
+        "holds Ray's node manager, object manager, Ray Client, dashboard and two metrics "
+        "ports, then worker_ports worker ports; Ray's GCS and agents take ports the kernel "
+        "assigns (outside it).",
     )
     fixed_port_base: int | None = _setting(
         _BOOTSTRAP.fixed_port_base,
@@ -252,6 +257,24 @@ class ClusterSpec:
         "Directory on the compute nodes where users coordinate port blocks (a site's shared, "
         "root-owned sticky directory); unset: /tmp/jupyter-slurm-ray-ports when the site "
         "provides it so, else a directory of your own.",
+    )
+    tls: bool = _setting(
+        _BOOTSTRAP.tls,
+        flag,
+        "flag",
+        "Ray's TLS with a certificate authority made for this cluster (in the job dir, "
+        "owner-only; needs openssl on the nodes): every gRPC channel of Ray is mutual TLS "
+        "and this package reaches the dashboard through an HTTPS relay on the head, so a "
+        "neighbour who takes the port of a node that died receives no byte of the token. "
+        "false: plain channels, as Ray's default (the token is then the only protection).",
+    )
+    ray_metrics: bool = _setting(
+        _BOOTSTRAP.ray_metrics,
+        flag,
+        "flag",
+        "Ray's Prometheus metrics: its exporter and its autoscaler's and dashboard's "
+        "metrics endpoints, which answer anyone who can reach the node. Off unless a site "
+        "scrapes them; the dashboard's pages (nodes, jobs, actors, logs) work without.",
     )
     network_interface: str | None = _setting(
         _BOOTSTRAP.network_interface,

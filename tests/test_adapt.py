@@ -34,7 +34,7 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.slurm.schedulers import watcher_for
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .helpers.clusters import cluster_spec, last_json_line, processes_of
+from .helpers.clusters import client_tls_environment, cluster_spec, last_json_line, processes_of
 from .helpers.faults import controller_paused, record_figure
 from .helpers.jobs import accounted_jobs, idle_nodes, in_queue, jobs_with_comment, queue_state
 from .helpers.testbed import SOLO, USER, runuser
@@ -95,6 +95,7 @@ def start_workload(cluster: SlurmRayCluster, tasks: int, seconds: float) -> subp
     info = cluster.connection_info()
     address = f"ray://{info.head_ip}:{info.client_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(client_tls_environment(cluster.job_dir))
     program = textwrap.dedent(WORKLOAD)
     workload = subprocess.Popen(
         [sys.executable, "-c", program, address, str(token), str(tasks), str(seconds)],

@@ -67,15 +67,17 @@ def assert_ports_are_claimed_and_open(job: JobDir, connection: dict) -> None:
     # the GCS's port is kernel-assigned, outside the block; every port told is verified
     assert not head_claim["start"] <= ports["gcs"] < head_claim["start"] + head_claim["size"]
     assert connection["verified"]["listeners"] == {
-        name: ports[name] for name in ("client", "dashboard", "gcs")
+        **{name: ports[name] for name in ("client", "dashboard", "gcs")},
+        "relay": connection["dashboard_port"],  # with TLS, what clients use
     }
+    assert connection["tls"] and connection["dashboard_port"] != ports["dashboard"]
     for name in ("gcs", "client", "dashboard"):
         with socket.create_connection((connection["head_ip"], ports[name]), timeout=2):
             pass
 
 
 def assert_dashboard_needs_the_token(connection: dict) -> None:
-    url = f"http://{connection['head_ip']}:{connection['dashboard_port']}/api/v0/nodes"
+    url = f"http://{connection['head_ip']}:{connection['ports']['dashboard']}/api/v0/nodes"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with pytest.raises(urllib.error.HTTPError) as refused:
         opener.open(url, timeout=5)

@@ -94,11 +94,33 @@ def test_a_client_without_the_token_cannot_connect(one_node):
     info = one_node.connection
     address = f"ray://{info.head_ip}:{info.client_port}"
     started = time.monotonic()
-    result = ray_in_subprocess(
+    result = ray_in_subprocess(  # with the cluster's certificate: the token is still needed
         address,
         None,
         "print(json.dumps('connected'))",
         env={"RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "5", "RAY_AUTH_MODE": "disabled"},
+        job_dir=one_node.job_dir,
+    )
+    assert result.returncode != 0 and '"connected"' not in result.stdout
+    assert time.monotonic() - started < 80
+
+
+def test_a_client_with_the_token_but_not_the_clusters_certificate_cannot_connect(one_node):
+    """A token that got out is useless alone: every gRPC port asks for a certificate of the
+    cluster's CA before anything else (Ray Client here)."""
+    info = one_node.connection
+    token = store_token(one_node)
+    address = f"ray://{info.head_ip}:{info.client_port}"
+    started = time.monotonic()
+    result = ray_in_subprocess(  # Ray's own ray.init, with the token and without retries
+        address,
+        None,
+        "print(json.dumps('connected'))",
+        env={
+            "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "5",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),
+        },
     )
     assert result.returncode != 0 and '"connected"' not in result.stdout
     assert time.monotonic() - started < 80
@@ -164,7 +186,7 @@ def test_three_nodes_run_one_task_each_and_down_leaves_nothing(registry):
         info = cluster.connection_info()
         token = store_token(cluster)
         address = f"ray://{info.head_ip}:{info.client_port}"
-        result = ray_in_subprocess(address, str(token), ONE_TASK_PER_NODE)
+        result = ray_in_subprocess(address, str(token), ONE_TASK_PER_NODE, job_dir=cluster.job_dir)
         assert ray_result(result) == ["node1", "node2", "node3"]
     finally:
         started = time.monotonic()
@@ -182,11 +204,14 @@ def test_two_clusters_of_one_user_share_a_node(registry):
         second.up(connect=False)
         first.wait_ready()
         a, b = first.connection_info(), second.connection_info()
-        assert a.head_ip == b.head_ip and set(a.ports.values()).isdisjoint(b.ports.values())
+        bound = [{port for port in info.ports.values() if port} for info in (a, b)]
+        assert a.head_ip == b.head_ip and bound[0].isdisjoint(bound[1])
         for cluster, info in ((first, a), (second, b)):
             path = store_token(cluster)
             address = f"ray://{info.head_ip}:{info.client_port}"
-            result = ray_in_subprocess(address, str(path), ONE_TASK_PER_NODE)
+            result = ray_in_subprocess(
+                address, str(path), ONE_TASK_PER_NODE, job_dir=cluster.job_dir
+            )
             assert ray_result(result) == ["node3"]
     finally:
         first.down()

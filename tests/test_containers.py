@@ -87,7 +87,9 @@ def tasks_inside(cluster: SlurmRayCluster, gpus: int = 0) -> list[dict]:
     token = cluster.registry.store_token(cluster.id, secret)
     address = f"ray://{info.head_ip}:{info.client_port}"
     env = {"TASK_GPUS": str(gpus), "FAKE_GPUS": FAKE_GPUS}
-    return ray_result(ray_in_subprocess(address, str(token), INSIDE, env=env))
+    return ray_result(
+        ray_in_subprocess(address, str(token), INSIDE, env=env, job_dir=cluster.job_dir)
+    )
 
 
 @needs_image

@@ -35,6 +35,7 @@ from jupyter_slurm_ray.transport import LocalTransport
 from .helpers.bootstrap import run_as_user, write_as_user
 from .helpers.clusters import (
     TEST_SPEC,
+    client_tls_environment,
     cluster_spec,
     last_json_line,
     processes_of,
@@ -166,7 +167,11 @@ class ThroughRayClient:
     def run(self, cluster: SlurmRayCluster, code: str) -> dict:
         info = cluster.connection_info()
         address = f"ray://{info.head_ip}:{info.client_port}"
-        return ray_result(ray_in_subprocess(address, str(token_path(cluster)), code, timeout=300))
+        return ray_result(
+            ray_in_subprocess(
+                address, str(token_path(cluster)), code, timeout=300, job_dir=cluster.job_dir
+            )
+        )
 
     def stop(self, cluster: SlurmRayCluster) -> None:
         down_and_nothing_left(cluster)
@@ -301,6 +306,7 @@ def start_workload(cluster: SlurmRayCluster, code: str, *args: str) -> subproces
         "connect_ray_client(sys.argv[1], sys.argv[2], timeout=30)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(client_tls_environment(cluster.job_dir))
     program = connect + textwrap.dedent(code)
     workload = subprocess.Popen(
         [sys.executable, "-c", program, address, str(token_path(cluster)), *args],

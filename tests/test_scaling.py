@@ -25,7 +25,7 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 
-from .helpers.clusters import cluster_spec, last_json_line, processes_of
+from .helpers.clusters import client_tls_environment, cluster_spec, last_json_line, processes_of
 from .helpers.jobs import in_queue
 from .helpers.testbed import SOLO, runuser
 from .helpers.waiting import wait_for
@@ -112,6 +112,7 @@ def test_scale_1_3_1_under_a_workload_finishes_every_task(cluster):
     info = cluster.connection_info()
     address = f"ray://{info.head_ip}:{info.client_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(client_tls_environment(cluster.job_dir))
     flag = Path(tempfile.mkdtemp(prefix="jsr-scale-", dir="/tmp")) / "go"
     flag.parent.chmod(0o777)  # the tasks run as the test user
     workload = subprocess.Popen(

@@ -75,7 +75,8 @@ def test_a_gpu_group_on_another_partition_runs_the_tasks_sent_to_it(cluster):
     with open(f"{cluster.job_dir}/ray_token") as f:
         token = cluster.registry.store_token(cluster.id, f.read().strip())
     info = cluster.connection_info()
-    result = ray_in_subprocess(f"ray://{info.head_ip}:{info.client_port}", str(token), IN_THE_GROUP)
+    address = f"ray://{info.head_ip}:{info.client_port}"
+    result = ray_in_subprocess(address, str(token), IN_THE_GROUP, job_dir=cluster.job_dir)
     host, gpu_ids, visible = ray_result(result)
     assert host == job.host and host != info.head_host
     assert len(gpu_ids) == 1 and visible is not None and visible != ""

@@ -8,6 +8,13 @@ redirect (urllib's redirect handler would send the header on to wherever ``Locat
 A connect timeout apart from the read timeout bounds each request, and a JSON reply larger
 than a limit is refused before it is read whole.
 
+Ray's dashboard speaks plain HTTP. Callers on another host reach it through the head's relay
+(``https://``, ``dashrelay.py``): the relay's certificate is checked against the cluster's CA
+(``ca_file``) before a byte of the request is sent, so a listener that took the relay's port
+gets nothing. The head's own polls go straight to the dashboard, and ``verify_peer`` (called
+once the connection is open, before the request) says whether the listener that accepted it
+is still the one verified as this job's Ray (``listeners.py``).
+
 Ray's own processes need one thing from the environment (``grpc_exemptions``): loopback in
 ``no_grpc_proxy``, or Ray's metrics exporter hands the token to the job's proxy.
 
@@ -20,9 +27,9 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
+import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,10 +56,17 @@ def token_headers(token: str) -> dict[str, str]:
     return {TOKEN_HEADER: f"Bearer {token}"}
 
 
-def dashboard_url(host: str, port: int, path: str = "/") -> str:
-    """``http://host:port/path`` (an IPv6 address in brackets)."""
+def dashboard_url(host: str, port: int, path: str = "/", *, tls: bool = False) -> str:
+    """``http://host:port/path`` (``https`` through the relay; an IPv6 address in brackets)."""
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"http://{shown}:{port}/{path.lstrip('/')}"
+    return f"{'https' if tls else 'http'}://{shown}:{port}/{path.lstrip('/')}"
+
+
+def tls_context(ca_file: str) -> ssl.SSLContext:
+    """What a client of the relay trusts: the cluster's CA only, the address checked."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 def get_json(
@@ -62,11 +76,19 @@ def get_json(
     connect_timeout: float = CONNECT_TIMEOUT,
     read_timeout: float = READ_TIMEOUT,
     max_bytes: int = MAX_JSON_BYTES,
+    ca_file: str | None = None,
+    verify_peer: Callable[[], bool] | None = None,
 ) -> Any:
     """The decoded JSON body of a 200 answer to ``GET url`` with the token (``url`` is
-    ``http://host:port/path?query``); DashboardHTTPError for anything else."""
+    ``http(s)://host:port/path?query``); DashboardHTTPError for anything else."""
     status, body = get(
-        url, token, connect_timeout=connect_timeout, read_timeout=read_timeout, max_bytes=max_bytes
+        url,
+        token,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_bytes=max_bytes,
+        ca_file=ca_file,
+        verify_peer=verify_peer,
     )
     if status != 200:
         raise DashboardHTTPError(f"{_where(url)} answered HTTP {status}", status)
@@ -85,27 +107,37 @@ def get(
     connect_timeout: float = CONNECT_TIMEOUT,
     read_timeout: float = READ_TIMEOUT,
     max_bytes: int = MAX_JSON_BYTES,
+    ca_file: str | None = None,
+    verify_peer: Callable[[], bool] | None = None,
 ) -> tuple[int, bytes]:
     """(status, body) of ``GET url`` with the token, straight to the URL's host and port.
 
-    ``connect_timeout`` bounds opening the connection; ``read_timeout`` bounds each wait for
-    the status line and headers, and the whole body; a body over ``max_bytes`` is refused.
+    ``connect_timeout`` bounds opening the connection (and the TLS handshake); ``read_timeout``
+    bounds each wait for the status line, the headers or a piece of the body, and the whole
+    body gets at most one more wait once it is due; a body over ``max_bytes`` is refused.
+    ``https`` needs ``ca_file`` (the cluster's CA: nothing else is trusted). ``verify_peer``:
+    called once connected; False closes the connection unused (DashboardHTTPError).
     """
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
-        raise ValueError(f"not a dashboard URL (http://host:port/…): {url!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise ValueError(f"not a dashboard URL (http(s)://host:port/…): {url!r}")
+    if parts.scheme == "https" and not ca_file:
+        raise ValueError(f"{url!r}: https needs the cluster's CA (ca_file)")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=connect_timeout)
+    connection = _connection(parts.scheme, parts.hostname, parts.port, connect_timeout, ca_file)
     reply: http.client.HTTPResponse | None = None
     try:
         connection.connect()
+        if verify_peer is not None and not verify_peer():
+            raise DashboardHTTPError(
+                f"{_where(url)}: the listener there is not the one verified as this job's Ray"
+            )
+        connection.sock.settimeout(read_timeout)  # each wait; never touched once replied
         deadline = time.monotonic() + read_timeout
-        sock = connection.sock  # kept: the reply owns it once the headers say "close"
-        sock.settimeout(read_timeout)
         headers = {**token_headers(token), "Accept": "application/json", "Connection": "close"}
         connection.request("GET", target, headers=headers)
         reply = connection.getresponse()
-        return reply.status, _body(reply, sock, deadline, max_bytes)
+        return reply.status, _body(reply, deadline, max_bytes)
     except DashboardHTTPError:
         raise
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, garbage
@@ -116,20 +148,30 @@ def get(
         connection.close()
 
 
-def _body(
-    reply: http.client.HTTPResponse, sock: socket.socket, deadline: float, max_bytes: int
-) -> bytes:
-    """The reply's body, read by the deadline and refused beyond ``max_bytes``."""
+def _connection(
+    scheme: str, host: str, port: int, timeout: float, ca_file: str | None
+) -> http.client.HTTPConnection:
+    if scheme == "https":
+        assert ca_file is not None
+        context = tls_context(ca_file)
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def _body(reply: http.client.HTTPResponse, deadline: float, max_bytes: int) -> bytes:
+    """The reply's body, read by the deadline and refused beyond ``max_bytes``.
+
+    The socket's timeout (set before the request) bounds each read: once the reply owns the
+    connection it is never touched again (on Python 3.13 the connection's socket object is
+    closed by then, its descriptor kept by the reply)."""
     declared = reply.getheader("Content-Length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise DashboardHTTPError(f"a reply of {declared} bytes is over {max_bytes}", reply.status)
     chunks: list[bytes] = []
     size = 0
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if time.monotonic() > deadline:
             raise DashboardHTTPError("the reply took longer than the read timeout", reply.status)
-        sock.settimeout(left)
         chunk = reply.read1(_CHUNK)
         if not chunk:
             return b"".join(chunks)

@@ -34,14 +34,24 @@ from typing import Any
 
 from jsr_base import BootstrapError, HeadMoved, command_path, gcs_address
 from jsr_events import EventLog
-from jsr_wire import CONNECTION_FILE, EVENTS_FILE, HEAD_FILE, DriverLine, Event, Role
+from jsr_wire import (
+    CONNECTION_FILE,
+    EVENTS_FILE,
+    HEAD_FILE,
+    DriverLine,
+    Event,
+    Role,
+    TlsFiles,
+)
 from listeners import OwnListeners
 from nodeaddr import node_address
 from noderun import TICK
 from portblock import port_name
 from procgroups import RayProcess
 from rayargs import NodePlan, plan_node
+from rayports import raylet_ports
 from slurmenv import is_slurm_input
+from tlsfiles import made_node_files
 from trust import path_problem
 from workerrun import WorkerRun
 
@@ -145,6 +155,7 @@ class DriverRun(WorkerRun):
         own node's would be) until the kernel, a signal or the head ends it."""
         address = gcs_address(head)
         self.events.emit(Event.DRIVER_JOINED, ip=head["head_ip"], head=address, through="head")
+        tls = head_tls_files(self.job_dir, connection)
         tell_kernel(
             DriverLine.READY,
             ip=head["head_ip"],
@@ -155,6 +166,7 @@ class DriverRun(WorkerRun):
             object_store_memory=0,
             pid=os.getpid(),
             through="head",
+            **tls_fields(tls),
         )
         while not self.flags.stop:
             gone = self.head_gone()
@@ -218,7 +230,8 @@ class DriverRun(WorkerRun):
             del os.environ[name]
         block = self.plan.block
         names = {port: port_name(port - block.start) for port in block.ports_range}
-        self.own = OwnListeners(self.session_pids, block.ports_range, names)
+        self.own = OwnListeners(self.session_pids, block.ports_range, names, ip=self.plan.ip)
+        self.make_tls_files(self.plan)
         return self.plan
 
     def has_joined(self, head: dict[str, Any]) -> bool:
@@ -234,8 +247,8 @@ class DriverRun(WorkerRun):
             return False
         self.own.scan()
         self.own.check_block()
-        ports = self.plan.block.ports
-        if not all(self.own.verify(name, ports[name]) for name in VERIFIED):
+        ports = {**self.plan.block.ports, **raylet_ports(self.plan.temp_dir)}
+        if not all(ports[name] and self.own.verify(name, ports[name]) for name in VERIFIED):
             return False
         tell_kernel(
             DriverLine.READY,
@@ -246,6 +259,7 @@ class DriverRun(WorkerRun):
             node_manager_port=ports["node_manager"],
             object_store_memory=self.plan.object_store,
             pid=os.getpid(),
+            **tls_fields(self.tls),
         )
         return True
 
@@ -271,6 +285,22 @@ class DriverRun(WorkerRun):
     def finish(self, reason: str, code: int) -> None:
         super().finish(reason, code)
         tell_kernel(DriverLine.STOPPED, reason=reason, exit_code=code)
+
+
+def tls_fields(tls: TlsFiles | None) -> dict[str, str]:
+    """What the kernel's Ray needs of this node's TLS files (its own gRPC server answers at
+    this node's address: the node's certificate names it)."""
+    if tls is None:
+        return {}
+    return {"tls_cert": str(tls.cert), "tls_key": str(tls.key), "tls_ca": str(tls.ca)}
+
+
+def head_tls_files(job_dir: Path, connection: dict[str, Any]) -> TlsFiles | None:
+    """The head node's certificate (its temp dir, this user's and seen here: the kernel
+    runs on the head's host), when the cluster runs with TLS."""
+    if not connection.get("tls"):
+        return None
+    return made_node_files(job_dir, Path(str(connection["temp_dir"])))
 
 
 def own_dir(path: str) -> bool:

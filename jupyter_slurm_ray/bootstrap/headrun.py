@@ -2,9 +2,14 @@
 
 The cluster token goes only to listeners verified as this job's own Ray (``listeners.py``):
 ``head.json`` names the GCS once its listener is verified (and the dashboard once its is),
-the dashboard is asked only while its verified listener answers there, and
-``connection.json`` records the listeners verified. A listener of someone else on a port of
-the block loses the block: Ray starts again on another, with a new token.
+the dashboard is asked only by this process and only over a connection its verified
+listener accepted, and ``connection.json`` records the listeners verified. Clients on other
+hosts reach the dashboard through the relay (``dashrelay.py``: TLS with this node's
+certificate); Ray's own channels are TLS with the cluster's CA (``tlsfiles.py``). The nodes
+the head sees alive go to ``nodes.json`` (Ray node ids: the workers read there whether they
+joined). With a port block (port_strategy other than 'kernel'), a listener of someone else
+on a port of the block loses the block before clients are told (Ray starts again on another,
+with a new token); after, a taken worker port degrades the cluster (``ports_taken``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from pathlib import Path
 
 from allocationend import AllocationEnd
 from container import container_versions
-from dashapi import Dashboard
+from dashapi import AliveNode, Dashboard
+from dashrelay import DashboardRelay
 from jsr_base import (
     BootstrapError,
     PortConflict,
@@ -34,6 +40,7 @@ from jsr_wire import (
     EVENTS_FILE,
     HEAD_FILE,
     LOCAL_MODE_VARIABLE,
+    NODES_FILE,
     TOKEN_FILE,
     WORKER_JOB_FIELD,
     Event,
@@ -41,12 +48,13 @@ from jsr_wire import (
     Role,
     ray_log,
 )
-from listeners import OwnListeners
+from listeners import OwnListeners, still_listening
 from nodeaddr import slurmctld_address
 from noderun import API_PERIOD, KILL_GRACE, TICK, NodeRun
 from nodewatch import NodeWatch
 from portblock import port_name
-from rayargs import gcs_port, ray_environment, ray_versions, require_command
+from rayargs import ray_environment, ray_versions, require_command
+from rayports import dashboard_port, gcs_port, node_id, raylet_ports
 from slurmenv import own_job_environment
 from workerstep import HereWorkers, WorkerStep
 
@@ -69,7 +77,8 @@ class HeadRun(NodeRun):
         self.worker_step_reported = False
         self.worker_jobs: set[str] = set()  # extra worker jobs that wrote events
         self.own: OwnListeners | None = None  # this attempt's listeners, as verified
-        self.dashboard: Dashboard | None = None
+        self.dashboard: Dashboard | None = None  # once its port is known
+        self.relay: DashboardRelay | None = None  # once the dashboard is verified (tls)
         self.gcs: int | None = None  # the GCS's port (kernel-assigned), once verified
         self.head_json: dict[str, object] = {}
         self.clients_told = False  # connection.json written for this attempt (head_ready)
@@ -141,9 +150,13 @@ class HeadRun(NodeRun):
         self.start_head(ray, toward)
 
     def forget_head(self) -> None:
-        """No head.json nor connection.json: nothing names a head that is not verified."""
+        """No head.json, connection.json or nodes.json: nothing names a head that is not
+        verified."""
         self.head_json = {}
-        for stale in (CONNECTION_FILE, HEAD_FILE):
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+        for stale in (CONNECTION_FILE, HEAD_FILE, NODES_FILE):
             with contextlib.suppress(OSError):
                 (self.job_dir / stale).unlink()
 
@@ -153,11 +166,12 @@ class HeadRun(NodeRun):
         plan = self.plan_node(toward)
         if self.config.here_hosts and not self.config.here_kernel_tasks:
             plan.cpus = plan.gpus = 0  # the kernel's node: Ray's head, no tasks
-        self.events.phase(Phase.PORTS, ports=plan.block.ports)
+        self.events.phase(Phase.PORTS, ports=plan.block.ports, strategy=self.config.port_strategy)
         self.nodes.hosts[plan.ip] = plan.host
         names = {port: port_name(port - plan.block.start) for port in plan.block.ports_range}
-        self.own = OwnListeners(self.session_pids, plan.block.ports_range, names)
-        self.dashboard = Dashboard(plan.ip, plan.block.ports["dashboard"], self.token())
+        names[plan.block.ports["client"]] = "client"
+        self.own = OwnListeners(self.session_pids, plan.block.ports_range, names, ip=plan.ip)
+        self.dashboard = None
         self.gcs = None
         self.clients_told = False
         self.events.phase(Phase.HEAD_STARTING, head_ip=plan.ip, temp_dir=str(plan.temp_dir))
@@ -167,7 +181,7 @@ class HeadRun(NodeRun):
         """Ray's and Python's versions, and the cost of `import ray` that each of Ray's Python
         processes pays (measured while the head starts; ``doctor`` reports it when slow)."""
         assert self.plan is not None and self.config is not None
-        env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
+        env = ray_environment(self.config, self.job_dir, self.plan.block.ports, self.tls)
         if self.config.container:
             versions = container_versions(self.in_container([]), env)
         else:
@@ -182,7 +196,7 @@ class HeadRun(NodeRun):
 
     def write_head_json(self) -> None:
         """head.json for the workers: the GCS once verified (they start Ray toward it), the
-        dashboard once verified (they ask it whether they joined)."""
+        dashboard once verified."""
         assert self.plan is not None and self.config is not None and self.own is not None
         plan, verified = self.plan, self.own.ports()
         head: dict[str, object] = {"cluster_id": self.config.cluster_id, "job_id": job_id()}
@@ -196,11 +210,17 @@ class HeadRun(NodeRun):
 
     # ----- whose listeners answer on the head's ports
 
+    @property
+    def dashboard_port(self) -> int | None:
+        """The dashboard's port: the block's, or where Ray bound it (port 0), once known."""
+        assert self.plan is not None
+        return self.plan.block.ports["dashboard"] or dashboard_port(self.plan.temp_dir)
+
     def check_listeners(self) -> None:
         """Until clients are told: PortConflict if someone else listens on a port of the block.
         The GCS's port (which Ray announces once bound) and the dashboard's verified and told
-        in head.json. (Once clients are told, only the verified listeners matter: nothing of
-        ours sends the token to another port of the block.)"""
+        in head.json; the relay started in front of the dashboard. (Once clients are told,
+        ``supervise`` watches the verified listeners and the block.)"""
         assert self.own is not None and self.plan is not None
         self.own.scan()
         if not self.clients_told:
@@ -210,16 +230,49 @@ class HeadRun(NodeRun):
             if port is None or not self.own.verify("gcs", port):
                 return
             self.gcs = port
-        self.own.verify("dashboard", self.plan.block.ports["dashboard"])
+        dashboard = self.dashboard_port
+        if dashboard is not None and self.own.verify("dashboard", dashboard):
+            self.open_dashboard(dashboard)
         self.write_head_json()
 
-    def alive_nodes(self) -> list[str] | None:
-        """The dashboard's alive nodes, asked (with the token) only while the listener on its
-        port is the one verified as ours; None while it is not there yet."""
-        assert self.own is not None and self.plan is not None and self.dashboard is not None
-        if self.gcs is None or not self.own.verify("dashboard", self.plan.block.ports["dashboard"]):
+    def open_dashboard(self, port: int) -> None:
+        """This process's way to the verified dashboard, and the relay for everyone else's."""
+        assert self.plan is not None and self.own is not None
+        if self.dashboard is None:
+            ip, own = self.plan.ip, self.own
+
+            def accepted_by_ours() -> bool:
+                target = own.target("dashboard")
+                return target is not None and still_listening(ip, target[0], target[1])
+
+            self.dashboard = Dashboard(ip, port, self.token(), accepted_by_ours)
+        if self.relay is None and self.tls is not None:
+            self.relay = DashboardRelay(self.plan.ip, self.tls, self.dashboard_target).start()
+
+    def dashboard_target(self) -> tuple[int, frozenset[int]] | None:
+        """The verified dashboard (port, sockets) for the relay, while it is still ours."""
+        return self.own.target("dashboard") if self.own is not None else None
+
+    def alive_nodes(self) -> list[AliveNode] | None:
+        """The dashboard's alive nodes, asked (with the token) only over a connection that the
+        listener verified as ours accepted; None while it is not there yet."""
+        assert self.own is not None and self.plan is not None
+        if self.gcs is None or self.dashboard is None:
             return None
         return self.dashboard.alive_nodes()
+
+    def note_nodes(self, alive: list[AliveNode], after_ready: bool) -> None:
+        """The alive set noted (and node_lost told once ready); nodes.json rewritten when it
+        changed, for the workers that wait to see themselves there."""
+        changed = self.nodes.check_lost(alive) if after_ready else self.nodes.note(alive)
+        if changed or not (self.job_dir / NODES_FILE).exists():
+            self.write_nodes_json()
+
+    def write_nodes_json(self) -> None:
+        assert self.plan is not None
+        nodes = [node.to_json() for node in self.nodes.joined]
+        payload = {"gcs_address": f"{self.plan.ip}:{self.gcs}", "nodes": nodes}
+        write_json_atomic(self.job_dir / NODES_FILE, payload)
 
     # ----- checks shared by the start and the supervision loops
 
@@ -260,11 +313,11 @@ class HeadRun(NodeRun):
     def note_worker_job(self, event: dict[str, object]) -> None:
         """Worker jobs seen (cancelled when the head ends); nodes leaving on purpose."""
         self.worker_jobs.add(str(event[WORKER_JOB_FIELD]))
-        host = event.get("host")
-        if event.get("event") == Event.WORKER_LEAVING and isinstance(host, str):
-            self.nodes.leaving.add(host)
-        elif event.get("event") == Event.WORKER_JOINED and isinstance(host, str):
-            self.nodes.leaving.discard(host)
+        node = event.get("node_id")
+        if event.get("event") == Event.WORKER_LEAVING and isinstance(node, str):
+            self.nodes.leaving.add(node)
+        elif event.get("event") == Event.WORKER_JOINED and isinstance(node, str):
+            self.nodes.leaving.discard(node)
 
     def cancel_worker_jobs(self) -> None:
         """The head ends: so do the worker jobs that joined it (they would leave anyway
@@ -299,18 +352,17 @@ class HeadRun(NodeRun):
             if alive is not None:
                 if not head_up:
                     head_up = True
-                    self.events.phase(
-                        Phase.HEAD_UP, dashboard_port=self.plan.block.ports["dashboard"]
-                    )
+                    self.events.phase(Phase.HEAD_UP, dashboard_port=self.dashboard_port)
                     self.events.phase(
                         Phase.WAITING_FOR_NODES, joined=len(alive), wanted=self.wanted
                     )
-                self.nodes.note(alive)
+                self.note_nodes(alive, after_ready=False)
                 client_ours = self.own.verify("client", self.plan.block.ports["client"])
                 if client_ours and not head_ready:
                     head_ready = self.clients_told = True
                     self.write_connection(versions)
                     self.plan.block.publish()  # Ray bound its ports: the claim may be seen
+                    # (port_strategy 'kernel': Ray Client's port no longer held for it)
                     self.events.emit(Event.HEAD_READY, joined=len(alive), wanted=self.wanted)
                 if len(alive) >= self.wanted and client_ours:
                     return None
@@ -334,7 +386,7 @@ class HeadRun(NodeRun):
             reason = f"Ray's GCS did not start within start_timeout ({timeout} s)"
             return BootstrapError(reason, self.ray.tail())
         if not head_up:
-            dash = f"http://{self.plan.ip}:{self.plan.block.ports['dashboard']}"
+            dash = f"http://{self.plan.ip}:{self.dashboard_port or '(port not bound yet)'}"
             reason = (
                 f"the Ray dashboard at {dash} did not answer within start_timeout ({timeout} s)"
             )
@@ -350,18 +402,27 @@ class HeadRun(NodeRun):
         """connection.json: what a client needs to connect, with the nodes joined so far, and
         the listeners verified as this job's Ray (clients talk to no other address)."""
         assert self.plan is not None and self.config is not None and self.own is not None
-        ports = {**self.plan.block.ports, "gcs": self.gcs}
-        nodes = [{"host": self.nodes.host(ip), "ip": ip} for ip in self.nodes.joined]
+        ports = self.bound_ports()
+        nodes = [
+            {"host": self.nodes.host(node.ip), "ip": node.ip, "node_id": node.node_id}
+            for node in self.nodes.joined
+        ]
+        listeners = self.own.ports()
+        if self.relay is not None:
+            listeners["relay"] = self.relay.port  # this process's own listener
         connection = {
             "cluster_id": self.config.cluster_id,
             "job_id": job_id(),
             "head_host": self.plan.host,
             "head_ip": self.plan.ip,
+            "head_node_id": node_id(self.plan.temp_dir),
             "gcs_address": f"{self.plan.ip}:{self.gcs}",
             "client_port": ports["client"],
-            "dashboard_port": ports["dashboard"],
+            # what clients use: the relay (https) with tls, the dashboard itself without
+            "dashboard_port": self.relay.port if self.relay is not None else ports["dashboard"],
+            "tls": self.relay is not None,
             "ports": ports,
-            "verified": {"uid": os.getuid(), "listeners": self.own.ports()},
+            "verified": {"uid": os.getuid(), "listeners": listeners},
             "ray_version": versions[0],
             "python_version": versions[1],
             "import_ray_seconds": versions[2],
@@ -371,6 +432,17 @@ class HeadRun(NodeRun):
             "ready_at": time.time(),
         }
         write_json_atomic(self.job_dir / CONNECTION_FILE, connection)
+
+    def bound_ports(self) -> dict[str, int]:
+        """The head's ports as Ray bound them: the block's, or (port 0) where Ray says it
+        bound them, the raylet's verified as this job's Ray's."""
+        assert self.plan is not None and self.own is not None
+        ports = {**self.plan.block.ports, "gcs": self.gcs or 0}
+        ports["dashboard"] = self.dashboard_port or 0
+        for name, port in raylet_ports(self.plan.temp_dir).items():
+            if not ports.get(name) and self.own.verify(name, port):
+                ports[name] = port
+        return ports
 
     def announce_ready(self) -> None:
         assert self.plan is not None
@@ -393,9 +465,10 @@ class HeadRun(NodeRun):
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + WATCH_PERIOD
                 self.check_still_ours()
+                self.watch_block()
                 alive = self.alive_nodes()
                 if alive is not None:
-                    self.nodes.check_lost(alive)
+                    self.note_nodes(alive, after_ready=True)
             time.sleep(TICK)
 
     def check_still_ours(self) -> None:
@@ -417,19 +490,23 @@ class HeadRun(NodeRun):
         if code is None or self.worker_step_reported:
             return
         self.worker_step_reported = True
-        workers = set(self.nodes.hosts.values()) - {self.plan.host} - self.nodes.lost
+        workers = set(self.nodes.hosts.values()) - {self.plan.host} - self.nodes.lost_hosts()
         reason = f"the worker step (srun) exited with status {code}: no Ray worker nodes left"
         if workers:
-            self.nodes.report_lost(sorted(workers), reason)
+            self.nodes.report_lost_hosts(sorted(workers), reason)
 
     def finish(self, reason: str, code: int) -> None:
         self.events.phase(Phase.STOPPING, reason=reason)
         step_deadline = time.monotonic() + KILL_GRACE + 1.0
         self.worker_step.ask_to_stop()
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
         self.stop()
         self.worker_step.stop(step_deadline)
-        with contextlib.suppress(OSError):
-            (self.job_dir / HEAD_FILE).unlink()
+        for gone in (HEAD_FILE, NODES_FILE):
+            with contextlib.suppress(OSError):
+                (self.job_dir / gone).unlink()
         self.read_worker_events(ready=True)
         self.cancel_worker_jobs()
         self.events.phase(Phase.STOPPED, reason=reason)

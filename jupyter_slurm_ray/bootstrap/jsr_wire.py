@@ -11,6 +11,7 @@ from the job dir (``from jsr_wire import …``), the package as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # ----------------------------------------------------------------------------- the job dir
 
@@ -24,7 +25,31 @@ EVENTS_FILE = "events.jsonl"  # one JSON object per line (Event)
 HEAD_FILE = "head.json"  # the head's address and ports, for the workers
 CONNECTION_FILE = "connection.json"  # what a client needs to connect
 PACK_FILE = "env-pack"  # the environment pack's archive and hash, for the worker jobs
+NODES_FILE = "nodes.json"  # the nodes the head sees alive (Ray node ids), for the workers
 LOGS_DIR = "logs"
+# Ray's TLS (setting tls): the cluster's CA and the clients' certificate, in TLS_DIR
+TLS_DIR = "tls"
+TLS_CA_CERT = "ca.crt"
+TLS_CA_KEY = "ca.key"  # never read by a client
+TLS_CLIENT_CERT = "client.crt"
+TLS_CLIENT_KEY = "client.key"
+TLS_VARIABLES = ("RAY_USE_TLS", "RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A certificate, its key and the CA that signed it: what Ray's TLS variables name (a
+    node's, for its Ray; the clients', for a kernel's Ray Client)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def environment(self) -> dict[str, str]:
+        """Ray's TLS on, for every process started with this environment (Ray's C++ reads
+        them as RayConfig's USE_TLS, TLS_SERVER_CERT, …; its Python, when a channel opens)."""
+        values = ("1", str(self.cert), str(self.key), str(self.ca))
+        return dict(zip(TLS_VARIABLES, values, strict=True))
 
 
 def drain_file(job_id: str) -> str:
@@ -53,6 +78,7 @@ LOCAL_MODE_VARIABLE = "JSR_LOCAL_MODE"  # "1": local mode (no srun, no scontrol)
 PACK_VARIABLE = "JSR_ENV_PACK"  # the environment pack's archive
 PACK_SHA256_VARIABLE = "JSR_ENV_PACK_SHA256"  # ... and the sha256 its content must have
 GROUP_VARIABLE = "JSR_WORKER_GROUP"  # a worker job's group (its node's Ray resource)
+METRICS_VARIABLE = "JSR_RAY_METRICS"  # "0" in Ray's processes: its Prometheus servers stay off
 
 # ----------------------------------------------------------------------------- Ray resources
 
@@ -66,7 +92,8 @@ def group_resource(group: str) -> str:
 
 # ----------------------------------------------------------------------------- bootstrap.json
 
-PORT_STRATEGIES = ("random", "fixed", "hash_jobid")
+# 'kernel': every port taken where Ray binds it (no range); the others: a block of port_range
+PORT_STRATEGIES = ("kernel", "random", "fixed", "hash_jobid")
 CONTAINER_RUNTIMES = ("apptainer", "singularity", "charliecloud")  # in the order 'auto' tries
 # The ports of a node's block, in order; the worker ports follow (Ray's GCS and agents take
 # kernel-assigned ports).
@@ -88,7 +115,7 @@ class Settings:
 
     cluster_id: str
     nodes: int = 1
-    port_strategy: str = "random"  # one of PORT_STRATEGIES
+    port_strategy: str = "kernel"  # one of PORT_STRATEGIES
     port_range: tuple[int, int] = (20000, 29999)
     fixed_port_base: int | None = None
     worker_ports: int = 64
@@ -108,6 +135,8 @@ class Settings:
     cpus_per_node: int | None = None  # mode 'here': each step's CPUs
     here_kernel_tasks: bool = True  # mode 'here': whether the head (the kernel's node) runs tasks
     walltime_warning: int = 120  # s before the allocation's end (mode 'here': asked of Slurm)
+    tls: bool = True  # Ray's gRPC channels and the dashboard's relay with the cluster's own CA
+    ray_metrics: bool = False  # Ray's Prometheus endpoints (they answer anyone who reaches them)
 
 
 # Former names of settings -> their names now. An older client wrote the former name in
@@ -128,6 +157,8 @@ class Event:
     OWNER_GONE = "owner_gone"
     PORT_LOCK_UNAVAILABLE = "port_lock_unavailable"
     PORTS_RETRY = "ports_retry"
+    PORTS_TAKEN = "ports_taken"  # once running: others listen on ports of the node's block
+    PORTS_FREED = "ports_freed"  # ... and no longer do
     IMPORT_RAY = "import_ray"
     NODES = "nodes"
     NODE_LOST = "node_lost"

@@ -3,9 +3,12 @@
 Another user of the node sees every listening socket (and its uid) in /proc/net/tcp and can
 bind a port of our block before Ray does; whoever then sends the cluster token to "whatever
 answers" on that port hands it over. So the bootstrap sends the token, and writes an address
-into ``head.json`` or ``connection.json``, only for a port whose every listener is a socket
-held by a process of this node's own Ray session (its inode among their ``/proc/<pid>/fd``
-links); a listener of another uid on a port of the block means the block was lost to someone.
+into ``head.json`` or ``connection.json``, only for a port whose every listener that takes
+connections to the node's address (on that address, or on every address) is a socket held by
+a process of this node's own Ray session (its inode among their ``/proc/<pid>/fd`` links); a
+listener of another uid on a port of the block means the block was lost to someone. A
+listener of someone else on the same port of another address (loopback) receives nothing
+sent to the node's address: it is no one's concern.
 """
 
 from __future__ import annotations
@@ -69,6 +72,26 @@ def listeners(proc: Path = PROC) -> list[Listener]:
     return found
 
 
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def answers_for(listener: Listener, ip: str | None) -> bool:
+    """Whether ``listener`` takes connections to ``ip`` (None: any address counts)."""
+    if ip is None:
+        return True
+    return listener.address in (ip, f"::ffff:{ip}", *WILDCARDS)
+
+
+def still_listening(ip: str, port: int, inodes: frozenset[int], proc: Path = PROC) -> bool:
+    """The sockets ``inodes`` listen on ``port`` and no other socket takes connections to
+    ``ip`` there: asked once a connection to ip:port is open, it says that they accepted it
+    (a socket that stopped listening never listens again)."""
+    relevant = {
+        found.inode for found in listeners(proc) if found.port == port and answers_for(found, ip)
+    }
+    return bool(relevant) and relevant <= inodes
+
+
 def socket_inodes(pids: Iterable[int], proc: Path = PROC) -> set[int]:
     """The inodes of the sockets these processes hold (``socket:[N]`` links in their fd dirs)."""
     inodes = set()
@@ -85,6 +108,11 @@ def socket_inodes(pids: Iterable[int], proc: Path = PROC) -> set[int]:
             if target.startswith("socket:[") and target.endswith("]"):
                 inodes.add(int(target[8:-1]))
     return inodes
+
+
+def block_strangers(table: list[Listener], block: range) -> list[Listener]:
+    """The listeners of another uid on a port of ``block``."""
+    return [found for found in table if found.port in block and found.uid != os.getuid()]
 
 
 def user_name(uid: int) -> str:
@@ -122,6 +150,7 @@ class OwnListeners:
     block: range
     names: dict[int, str]
     proc: Path = PROC
+    ip: str | None = None  # the node's address: listeners elsewhere (loopback) do not count
     verified: dict[str, tuple[int, frozenset[int]]] = field(default_factory=dict)
     table: list[Listener] = field(default_factory=list)
 
@@ -129,14 +158,13 @@ class OwnListeners:
         self.table = listeners(self.proc)
 
     def on_port(self, port: int) -> list[Listener]:
-        return [found for found in self.table if found.port == port]
+        """The listeners on ``port`` that take connections to the node's address."""
+        return [found for found in self.table if found.port == port and answers_for(found, self.ip)]
 
     def check_block(self) -> None:
         """PortConflict if a port of the block has a listener of another uid: someone took it
         after the probe (and would receive whatever Ray's clients send there)."""
-        strangers = [
-            found for found in self.table if found.port in self.block and found.uid != os.getuid()
-        ]
+        strangers = block_strangers(self.table, self.block)
         if strangers:
             raise listener_conflict(self.names, strangers)
 
@@ -166,3 +194,7 @@ class OwnListeners:
     def ports(self) -> dict[str, int]:
         """name -> port of every verified listener (what connection.json records)."""
         return {name: port for name, (port, _inodes) in sorted(self.verified.items())}
+
+    def target(self, name: str) -> tuple[int, frozenset[int]] | None:
+        """The port and sockets verified for ``name`` (None before): a thread may ask."""
+        return self.verified.get(name)

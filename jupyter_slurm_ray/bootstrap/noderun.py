@@ -12,10 +12,13 @@ from pathlib import Path
 from container import ray_command_prefix
 from jsr_base import BootstrapError, Config, PortConflict
 from jsr_events import EventLog
-from jsr_wire import EVENTS_FILE, LOGS_DIR, SETTINGS_FILE, TOKEN_FILE, Event
+from jsr_wire import EVENTS_FILE, LOGS_DIR, SETTINGS_FILE, TOKEN_FILE, Event, Role, TlsFiles
+from listeners import block_strangers, listeners, user_name
+from portblock import port_name
 from portconflict import ConflictScan
 from procgroups import RayProcess, session_processes, stop_processes
 from rayargs import NodePlan, plan_node, ray_environment, require_command
+from tlsfiles import node_files
 from trust import check_job_dir
 from unpack import activate_pack
 
@@ -59,6 +62,7 @@ class NodeRun:
         self.flags = SignalFlags().install()
         self.logs = job_dir / LOGS_DIR
         self.plan: NodePlan | None = None
+        self.tls: TlsFiles | None = None  # this node's certificate (setting tls)
         self.ray: RayProcess | None = None
         self.config: Config | None = None
         self.exit_code = 0
@@ -66,6 +70,7 @@ class NodeRun:
         self.killed: list[str] = []
         self.scan: ConflictScan | None = None
         self.given_up: list[tuple[int, int]] = []  # port blocks left after a conflict
+        self.taken_ports: list[int] = []  # ports of the block others listen on (watch_block)
 
     @property
     def deadline(self) -> float:
@@ -98,8 +103,17 @@ class NodeRun:
         def lock_unavailable(reason: str) -> None:
             self.events.emit(Event.PORT_LOCK_UNAVAILABLE, reason=reason)
 
-        self.plan = plan_node(self.config, toward, lock_unavailable, tuple(self.given_up))
+        head = self.role == Role.HEAD
+        avoid = tuple(self.given_up)
+        self.plan = plan_node(self.config, toward, lock_unavailable, avoid, head=head)
+        self.make_tls_files(self.plan)
         return self.plan
+
+    def make_tls_files(self, plan: NodePlan) -> None:
+        """This node's certificate for Ray's TLS (the cluster's CA made first if need be)."""
+        assert self.config is not None
+        if self.config.tls and self.tls is None:
+            self.tls = node_files(self.job_dir, plan.temp_dir, plan.ip, plan.host)
 
     def token(self) -> str:
         try:
@@ -109,7 +123,7 @@ class NodeRun:
 
     def start_ray(self, argv: list[str], log_name: str) -> RayProcess:
         assert self.plan is not None and self.config is not None
-        env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
+        env = ray_environment(self.config, self.job_dir, self.plan.block.ports, self.tls)
         log_path = self.logs / log_name
         self.scan = ConflictScan(
             self.plan.block, log_path, self.plan.temp_dir / "session_latest" / "logs"
@@ -122,6 +136,34 @@ class NodeRun:
         assert self.config is not None
         gpus = bool(self.plan and self.plan.gpus)
         return [*ray_command_prefix(self.config, self.job_dir, gpus), *argv]
+
+    def watch_block(self) -> None:
+        """Once running, with a port block: a port of it that someone else listens on now
+        (freed by a worker that ended, then taken) is told once (``ports_taken``: Ray can no
+        longer start workers there; the cluster is degraded while it lasts), and told again
+        once none is (``ports_freed``)."""
+        if self.plan is None or not self.plan.block.ports_range:
+            return
+        strangers = block_strangers(listeners(), self.plan.block.ports_range)
+        taken = sorted({found.port for found in strangers})
+        if taken == self.taken_ports:
+            return
+        self.taken_ports = taken
+        if not taken:
+            self.events.emit(Event.PORTS_FREED, host=self.plan.host, ip=self.plan.ip)
+            return
+        uids = sorted({found.uid for found in strangers})
+        block = self.plan.block
+        self.events.emit(
+            Event.PORTS_TAKEN,
+            host=self.plan.host,
+            ip=self.plan.ip,
+            ports=taken,
+            port_names=[port_name(port - block.start) for port in taken],
+            of=block.size,
+            by_uids=uids,
+            by=[user_name(uid) for uid in uids],
+        )
 
     def check_ports(self) -> None:
         """While Ray starts: raise PortConflict if one of its ports was taken after the probe."""
@@ -177,6 +219,7 @@ class NodeRun:
         if self.plan:
             self.plan.block.release()
             shutil.rmtree(self.plan.temp_dir, ignore_errors=True)
+            self.tls = None  # it was in the temp dir
 
     def run(self) -> int:
         reason, code = "finished", 0

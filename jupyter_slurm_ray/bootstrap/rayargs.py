@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -17,13 +16,16 @@ from dashhttp import grpc_exemptions
 from jsr_base import Config, command_path, job_id, run_text, short_hostname
 from jsr_wire import (
     GROUP_VARIABLE,
+    METRICS_VARIABLE,
     NODE_RESOURCE,
     PORT_NAMES,
     PROGRAM_DIR,
     SITE_PATH,
     TOKEN_FILE,
+    TlsFiles,
     group_resource,
 )
+from kernelports import KernelPorts
 from nodeaddr import node_address
 from portblock import PortBlock, claim_port_block
 from portlock import Notify
@@ -33,12 +35,12 @@ MAX_TEMP_DIR = 43  # Ray's unix socket paths below it must stay within 107 bytes
 MIB = 1024 * 1024
 # Ports Ray 2.60 binds itself when given 0 (the kernel assigns a free one at bind time) and
 # then announces (port files in the session dir, the GCS's node table): nobody can bind them
-# first. Ray's own processes connect to these with the token as soon as they start, to the
-# configured port, before anyone could check whose listener answers there (measured: the GCS
-# sends a HealthCheck to the metrics agent's port, with the token, within 30 ms of its start);
-# with a pinned port, another user who binds it first receives the token. The GCS is one of
-# them: `ray start`, the raylet and every worker connect to it, and its port is on `ray
-# start`'s command line (readable by every user) seconds before the GCS binds it.
+# first, whatever port_strategy says. Ray's own processes connect to these as soon as they
+# start, before anyone could check whose listener answers there (measured: the GCS sends a
+# HealthCheck to the metrics agent's port within 30 ms of its start); with a pinned port,
+# another user who binds it first would be talked to. The GCS is one of them: its port would
+# be on `ray start`'s command line (readable by every user) seconds before the GCS binds it.
+# With port_strategy 'kernel' every other port is the kernel's choice too (kernelports.py).
 KERNEL_ASSIGNED = (
     "--dashboard-agent-listen-port=0",
     "--dashboard-agent-grpc-port=0",
@@ -104,7 +106,7 @@ class NodePlan:
 
     host: str
     ip: str
-    block: PortBlock
+    block: PortBlock | KernelPorts
     temp_dir: Path
     cpus: int
     gpus: int
@@ -135,7 +137,7 @@ class NodePlan:
         ports = self.block.ports
         return [
             ray, "start", "--head", "--block",
-            "--port=0",  # the GCS: kernel-assigned (KERNEL_ASSIGNED), found by gcs_port()
+            "--port=0",  # the GCS: kernel-assigned (KERNEL_ASSIGNED), rayports.gcs_port()
             f"--ray-client-server-port={ports['client']}",
             "--include-dashboard=true",
             f"--dashboard-host={self.ip}",
@@ -149,17 +151,6 @@ class NodePlan:
             ray, "start", f"--address={head_address}", "--block",
             *self.common_args(config), *config.ray_start_args,
         ]  # fmt: skip
-
-
-def gcs_port(temp_dir: Path) -> int | None:
-    """The head's GCS port as Ray announces it once bound (``--port=0``): the port file
-    ``gcs_server_port_<node id>`` of the newest session under the node's temp dir."""
-    for path in (temp_dir / "session_latest").glob("gcs_server_port_*"):
-        with contextlib.suppress(OSError, ValueError):
-            port = int(path.read_text().strip())
-            if 0 < port < 65536:
-                return port
-    return None
 
 
 def node_resources() -> dict[str, int]:
@@ -178,25 +169,17 @@ def plan_node(
     notify: Notify | None = None,
     avoid: tuple[tuple[int, int], ...] = (),
     temp_name: str | None = None,
+    head: bool = False,
 ) -> NodePlan:
     """Claim this node's ports, find its address, and size it from the allocation.
 
     notify(reason): the port lock or claims could not be used; avoid: blocks given up before;
-    temp_name: the temp dir's name (default: the job id; a driver's node has its own).
+    temp_name: the temp dir's name (default: the job id; a driver's node has its own);
+    head: the head's node (with port_strategy 'kernel' it holds Ray Client's port).
     """
-    size = len(PORT_NAMES) + max(0, int(config.worker_ports))
-    block = claim_port_block(
-        size,
-        strategy=config.port_strategy,
-        port_range=config.port_range,
-        fixed_base=config.fixed_port_base,
-        lock_dir=config.lock_dir,
-        job=job_id(),
-        notify=notify,
-        avoid=avoid,
-    )
+    ip = node_address(config, toward)
+    block = node_ports(config, ip, head, notify, avoid)
     try:
-        ip = node_address(config, toward)
         host = short_hostname()
         env = dict(os.environ)
         cpus = allocated_cpus(env)
@@ -208,10 +191,41 @@ def plan_node(
     return NodePlan(host, ip, block, temp_dir, cpus, visible_gpus(env), object_store)
 
 
-def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dict[str, str]:
-    """The environment of this node's Ray processes: token auth on, the pinned metric ports,
-    gRPC's fork handlers off, the user's ``env``, and ``sitepath/`` first on PYTHONPATH (its
-    sitecustomize defers imports that cost seconds in each of Ray's processes; see there).
+def node_ports(
+    config: Config,
+    ip: str,
+    head: bool,
+    notify: Notify | None,
+    avoid: tuple[tuple[int, int], ...],
+) -> PortBlock | KernelPorts:
+    """The kernel's ports ('kernel'), else a block of port_range claimed by the strategy."""
+    if config.port_strategy == "kernel":
+        return KernelPorts.for_node(ip, head)
+    return claim_port_block(
+        len(PORT_NAMES) + max(0, int(config.worker_ports)),
+        strategy=config.port_strategy,
+        port_range=config.port_range,
+        fixed_base=config.fixed_port_base,
+        lock_dir=config.lock_dir,
+        job=job_id(),
+        notify=notify,
+        avoid=avoid,
+    )
+
+
+def ray_environment(
+    config: Config, job_dir: Path, ports: dict[str, int], tls: TlsFiles | None = None
+) -> dict[str, str]:
+    """The environment of this node's Ray processes: token auth on, TLS with the node's
+    certificate (``tlsfiles.py``), the metric ports (and, unless ``ray_metrics``, Ray's
+    metrics off), gRPC's fork handlers off, the user's ``env``, and ``sitepath/`` first on
+    PYTHONPATH (its sitecustomize defers imports that cost seconds in each of Ray's
+    processes, and guards Ray Client's proxier; see there).
+
+    Ray's metrics: its exporter and its three Prometheus endpoints answer anyone who can
+    reach the node, and nothing of ours reads them; ``ray_metrics`` turns them on for a site
+    that scrapes them (``sitepath/jsr_metrics.py`` keeps the two that no setting of Ray turns
+    off closed otherwise).
 
     gRPC's fork support: the Ray Client proxier forks (then execs) a server per client while
     its gRPC threads are busy; with fork support on, gRPC's handlers start threads in the
@@ -229,6 +243,10 @@ def ray_environment(config: Config, job_dir: Path, ports: dict[str, int]) -> dic
         DASHBOARD_METRIC_PORT=str(ports["dashboard_metrics"]),
         GRPC_ENABLE_FORK_SUPPORT="0",
     )
+    if not config.ray_metrics:
+        env.update({METRICS_VARIABLE: "0", "RAY_enable_metrics_collection": "0"})
+    if tls is not None:
+        env.update(tls.environment())
     env.update({str(k): str(v) for k, v in config.env.items()})
     env.update(grpc_exemptions(env))  # Ray's metrics exporter: no proxy for its token
     site = str(job_dir / PROGRAM_DIR / SITE_PATH)

@@ -97,9 +97,8 @@ class WorkerJobRun(WorkerRun):
         return None
 
     def leaving(self, reason: str) -> None:
-        self.events.emit(
-            Event.WORKER_LEAVING, reason=reason, ip=self.plan.ip if self.plan else None
-        )
+        ip = self.plan.ip if self.plan else None
+        self.events.emit(Event.WORKER_LEAVING, reason=reason, ip=ip, node_id=self.node_id)
 
     def drain(self, process: RayProcess, head: dict[str, Any]) -> str:
         """Ask Ray to drain this node, then wait (bounded) until its raylet exited."""
@@ -109,8 +108,7 @@ class WorkerJobRun(WorkerRun):
         except OSError:
             timeout = DEFAULT_DRAIN_TIMEOUT
         self.leaving("scaled in: draining")
-        dashboard = self.head_dashboard(head)
-        node_id = dashboard.alive_node_id(self.plan.ip) if dashboard else None
+        node_id = self.node_id  # this node's own Ray's (another node may share the host)
         accepted = node_id is not None and self.request_drain(node_id, head, timeout)
         self.events.emit(
             Event.WORKER_DRAINING,
@@ -126,8 +124,9 @@ class WorkerJobRun(WorkerRun):
                 return "drain timeout: stopped"
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + CHECK_PERIOD
-                if dashboard is not None and node_id is not None and dashboard.node_gone(node_id):
-                    break  # its raylet exited once idle
+                alive = self.alive_ids(head)
+                if node_id is not None and alive is not None and node_id not in alive:
+                    break  # its raylet exited once idle (the head no longer sees it alive)
             time.sleep(TICK)
         return "drained: scaled in"
 
@@ -140,7 +139,7 @@ class WorkerJobRun(WorkerRun):
             "--reason-message=scaled in by jupyter-slurm-ray",
             f"--deadline-remaining-seconds={max(1, int(timeout))}",
         ]  # fmt: skip
-        env = ray_environment(self.config, self.job_dir, self.plan.block.ports)
+        env = ray_environment(self.config, self.job_dir, self.plan.block.ports, self.tls)
         try:
             done = subprocess.run(
                 self.in_container(argv),

@@ -1,8 +1,10 @@
 """One task of the worker step: join the head from this node, follow it if it moves, stop.
 
-The head writes ``head.json`` only once it verified the GCS's listener as its own Ray's, and
-names the dashboard there only once it verified that one too: a worker starts Ray toward that
-GCS and asks that dashboard (with the token) whether it joined, and nothing else.
+The head writes ``head.json`` only once it verified the GCS's listener as its own Ray's: a
+worker starts Ray toward that GCS (TLS with the cluster's CA), and it has joined once the
+head's ``nodes.json`` lists this node's Ray node id among the nodes alive (the id of this
+node's own Ray, from its session dir: another node on the same host is another id). A
+worker sends the token to nothing else: it asks no dashboard.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import json
 import time
 from typing import Any
 
-from dashapi import Dashboard, port_open
+from dashapi import port_open
 from jsr_base import BootstrapError, HeadMoved, PortConflict, RayExitedEarly, gcs_address
-from jsr_wire import HEAD_FILE, Event, Role, ray_log
+from jsr_wire import HEAD_FILE, NODES_FILE, Event, Role, ray_log
 from noderun import API_PERIOD, TICK, NodeRun
 from procgroups import RayProcess
+from rayports import node_id
 
 RETRY_MIN_TIME = 20.0  # a worker retries `ray start` once if this much start time is left
 HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
@@ -27,6 +30,7 @@ class WorkerRun(NodeRun):
 
     role = Role.WORKER
     join_period = API_PERIOD  # how often wait_until_joined asks whether it joined (s)
+    node_id: str | None = None  # this node's Ray node id, once its Ray wrote it
 
     def main(self) -> str:
         self.load_config()
@@ -58,6 +62,7 @@ class WorkerRun(NodeRun):
         """Start Ray toward the head, wait until it joined, then stay until asked to stop."""
         assert self.plan is not None and self.config is not None
         address = gcs_address(head)
+        self.node_id = None  # this attempt's Ray tells its own
         self.events.emit(
             Event.WORKER_STARTING,
             ip=self.plan.ip,
@@ -73,7 +78,8 @@ class WorkerRun(NodeRun):
         if stop:
             return stop
         self.plan.block.publish()  # Ray bound its ports: the claim may be seen
-        self.events.emit(Event.WORKER_JOINED, ip=self.plan.ip, head=address)
+        self.node_id = node_id(self.plan.temp_dir)
+        self.events.emit(Event.WORKER_JOINED, ip=self.plan.ip, head=address, node_id=self.node_id)
         next_check = time.monotonic() + HEAD_CHECK
         while not self.flags.stop:
             leave = self.leave_reason(process, head)
@@ -82,6 +88,7 @@ class WorkerRun(NodeRun):
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + HEAD_CHECK
                 self.check_head_moved(head)
+                self.watch_block()
             code = process.exit_code()
             if code is not None:  # after joining: the head reports node_lost
                 self.check_head_moved(head)
@@ -111,13 +118,14 @@ class WorkerRun(NodeRun):
         if now is not None and gcs_address(now) != gcs_address(head):
             raise HeadMoved(now)
 
-    def head_dashboard(self, head: dict[str, Any]) -> Dashboard | None:
-        """The head's dashboard once head.json names it (the head verified its listener as
-        its own Ray's); None before, or when head.json names another head."""
-        now = self.latest_head()
-        if now is None or gcs_address(now) != gcs_address(head) or "dashboard_port" not in now:
-            return None
-        return Dashboard(str(now["head_ip"]), int(now["dashboard_port"]), self.token())
+    def alive_ids(self, head: dict[str, Any]) -> set[str] | None:
+        """The node ids the head saw alive last (``nodes.json``); None while it names no
+        nodes of this head."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            said = json.loads((self.job_dir / NODES_FILE).read_text())
+            if said["gcs_address"] == gcs_address(head):
+                return {str(node["node_id"]) for node in said["nodes"]}
+        return None
 
     def wait_for_gcs(self, head: dict[str, Any]) -> bool:
         """Start Ray once the head's GCS listens: each failed join attempt costs ~5 s."""
@@ -167,10 +175,10 @@ class WorkerRun(NodeRun):
         return self.stop_reason()
 
     def has_joined(self, head: dict[str, Any]) -> bool:
-        """This node is among the head's alive nodes (its dashboard, once head.json names it)."""
+        """This node's own Ray (its node id) is among the nodes the head sees alive."""
         assert self.plan is not None
-        dashboard = self.head_dashboard(head)
-        return dashboard is not None and self.plan.ip in (dashboard.alive_nodes() or [])
+        self.node_id = self.node_id or node_id(self.plan.temp_dir)
+        return self.node_id is not None and self.node_id in (self.alive_ids(head) or set())
 
     def finish(self, reason: str, code: int) -> None:
         self.stop()

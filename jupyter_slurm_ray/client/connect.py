@@ -3,7 +3,11 @@ retries), or as an ordinary Ray driver through this host's own Ray node (driver 
 ``client/drivernode.py``).
 
 Both need the same Ray version and the same Python minor version on both sides; this is
-checked before connecting so the user gets a clear error instead of a gRPC failure. About one
+checked before connecting so the user gets a clear error instead of a gRPC failure. A cluster
+that runs with TLS (``connection.json`` says so) is connected to with its CA and a certificate
+it signed (Ray's ``RAY_USE_TLS`` variables in this process, set for the connection and removed
+when it ends): the channel is refused before a byte of the token goes to any listener that
+cannot show the cluster's certificate. About one
 Ray Client connect in twelve fails with "Starting Ray client server failed" (ray#63202): that
 one is retried a bounded number of times with a shortened timeout. The channel never goes
 through a proxy (``direct_ray_client_channel``): the token travels in its metadata.
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from ..bootstrap.jsr_wire import TLS_VARIABLES, TlsFiles
 from ..errors import ConnectError
 from .deferral import defer_costly_imports
 
@@ -62,6 +67,8 @@ class ConnectionInfo:
     nodes: tuple[dict[str, str], ...] = ()
     ports: dict[str, int] = field(default_factory=dict)
     import_ray_seconds: float | None = None  # what each of Ray's Python processes pays there
+    tls: bool = False  # Ray's TLS: dashboard_port is then the head's relay (https)
+    head_node_id: str = ""
 
     @classmethod
     def from_json(cls, text: str) -> ConnectionInfo:
@@ -80,6 +87,8 @@ class ConnectionInfo:
                 nodes=tuple(data.get("nodes", ())),
                 ports={str(k): int(v) for k, v in dict(data.get("ports", {})).items()},
                 import_ray_seconds=_optional_float(data.get("import_ray_seconds")),
+                tls=bool(data.get("tls", False)),
+                head_node_id=str(data.get("head_node_id") or ""),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConnectError(f"connection.json is not valid: {exc}") from None
@@ -89,11 +98,13 @@ class ConnectionInfo:
 
 def _require_verified(data: dict[str, Any], info: ConnectionInfo) -> None:
     """The head's Ray Client and dashboard ports are the listeners the bootstrap verified as
-    the job's own Ray (``bootstrap/listeners.py``): the token goes to no other address."""
+    the job's own Ray (``bootstrap/listeners.py``), or with TLS its own relay in front of the
+    dashboard: the token goes to no other address."""
     verified = data.get("verified")
     listeners = verified.get("listeners") if isinstance(verified, dict) else None
     ports = listeners if isinstance(listeners, dict) else {}
-    if ports.get("client") != info.client_port or ports.get("dashboard") != info.dashboard_port:
+    dashboard = ports.get("relay" if info.tls else "dashboard")
+    if ports.get("client") != info.client_port or dashboard != info.dashboard_port:
         raise ConnectError(
             "connection.json does not say that its Ray Client and dashboard ports were verified "
             "as the cluster's own Ray (written by an older bootstrap, or not by one): not "
@@ -147,17 +158,37 @@ def import_ray() -> None:
     log.debug("ray imported ahead in %.2f s", time.monotonic() - started)
 
 
-def set_token_environment(token_path: str) -> None:
-    """Token auth with this cluster's token for Ray in this process."""
+class _AsItIs:
+    """``tls=AS_IT_IS``: Ray's TLS variables of this process's environment are kept as they
+    are (a script started with them set; the kernel always says which, or None)."""
+
+
+AS_IT_IS = _AsItIs()
+TlsChoice = TlsFiles | None | _AsItIs
+
+
+def set_token_environment(token_path: str, tls: TlsChoice = AS_IT_IS) -> None:
+    """Token auth with this cluster's token, and its TLS (or none), for Ray in this process."""
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = token_path
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if isinstance(tls, _AsItIs):
+        return
+    clear_tls_environment()
+    if tls is not None:
+        os.environ.update(tls.environment())
 
 
-def set_client_environment(token_path: str, timeout: float) -> None:
-    """Token auth and a bounded connect timeout for Ray Client in this process."""
-    set_token_environment(token_path)
+def clear_tls_environment() -> None:
+    """No Ray TLS settings of a cluster in this process (none of them outlives its session)."""
+    for name in TLS_VARIABLES:
+        os.environ.pop(name, None)
+
+
+def set_client_environment(token_path: str, timeout: float, tls: TlsChoice = AS_IT_IS) -> None:
+    """Token auth, TLS and a bounded connect timeout for Ray Client in this process."""
+    set_token_environment(token_path, tls)
     seconds = str(max(1, int(timeout)))
     # Ray Client tries 3 times with a backoff (5 s, 10 s, …) capped at this maximum.
     os.environ["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = seconds
@@ -181,14 +212,20 @@ def _reload_ray_auth_settings() -> None:
 
 
 def connect_ray_client(
-    address: str, token_path: str, *, timeout: float = 20.0, attempts: int = 3
+    address: str,
+    token_path: str,
+    *,
+    timeout: float = 20.0,
+    attempts: int = 3,
+    tls: TlsChoice = AS_IT_IS,
 ) -> Any:
-    """``ray.init("ray://…")`` with token auth; retries the known transient failure.
+    """``ray.init("ray://…")`` with token auth (and the cluster's TLS: ``tls``, or Ray's TLS
+    variables as this process has them); retries the known transient failure.
 
     Blocking: call it off the event loop that serves SSH forwards.
     """
     defer_costly_imports()
-    set_client_environment(token_path, timeout)
+    set_client_environment(token_path, timeout, tls)
     import ray
 
     _forbid_auto_init()
@@ -216,15 +253,23 @@ def connect_ray_client(
     ) from None
 
 
-def connect_driver(gcs_address: str, token_path: str, *, node_ip: str, temp_dir: str) -> Any:
+def connect_driver(
+    gcs_address: str,
+    token_path: str,
+    *,
+    node_ip: str,
+    temp_dir: str,
+    tls: TlsChoice = AS_IT_IS,
+) -> Any:
     """``ray.init(address=<GCS>)`` as an ordinary driver, through this host's own Ray node
     (the one at ``node_ip`` whose temp dir is ``temp_dir``: other nodes may share the host),
-    with token auth. Blocking: call it off the event loop.
+    with token auth, and with TLS the node's certificate (this process's own gRPC server
+    answers the cluster at the node's address). Blocking: call it off the event loop.
 
     Only once that node joined the cluster at ``gcs_address``: a driver started toward a
     wrong address waits for many minutes.
     """
-    set_token_environment(token_path)
+    set_token_environment(token_path, tls)
     defer_costly_imports()
     _reload_ray_auth_settings()
     import ray
@@ -285,10 +330,12 @@ def _quiet_thread_warning() -> Iterator[None]:
 
 def disconnect_ray_client() -> None:
     _shutdown_quietly()
+    clear_tls_environment()
 
 
 def disconnect_driver() -> None:
     _shutdown_quietly()
+    clear_tls_environment()
 
 
 def _forbid_auto_init() -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..bootstrap.jsr_wire import LOGS_DIR, PROGRAM_DIR, DriverLine, Run
+from ..bootstrap.jsr_wire import LOGS_DIR, PROGRAM_DIR, DriverLine, Run, TlsFiles
 from ..errors import ConnectError
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class DriverReady:
     node_manager_port: int
     object_store_memory: int = 0
     through: str = ""  # "head": the head runs on this host, its node is the kernel's too
+    tls: TlsFiles | None = None  # that node's certificate, for this process's Ray (tls)
 
     @property
     def node_words(self) -> str:
@@ -61,7 +62,14 @@ class DriverReady:
             node_manager_port=int(said["node_manager_port"]),
             object_store_memory=int(said.get("object_store_memory") or 0),
             through=str(said.get("through", "")),
+            tls=_tls(said),
         )
+
+
+def _tls(said: dict[str, Any]) -> TlsFiles | None:
+    if not said.get("tls_cert"):
+        return None
+    return TlsFiles(Path(said["tls_cert"]), Path(said["tls_key"]), Path(said["tls_ca"]))
 
 
 def kernel_ray_command() -> str | None:

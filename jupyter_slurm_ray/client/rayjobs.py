@@ -1,5 +1,6 @@
 """Ray's Jobs client for one cluster's dashboard, as ``cluster.job_client()`` gives it: a
-``JobSubmissionClient`` whose requests go to that dashboard only, straight, with the token.
+``JobSubmissionClient`` whose requests go to that dashboard only, straight, with the token
+(with TLS, to the head's relay, whose certificate must be the cluster CA's).
 
 Ray 2.60's client would otherwise send the token elsewhere in three ways, each closed here:
 it replaces the address it is given with ``$RAY_API_SERVER_ADDRESS`` or ``$RAY_ADDRESS`` when
@@ -39,15 +40,20 @@ class DirectJobSubmissionClient(JobSubmissionClient):
     """``JobSubmissionClient`` for the dashboard at ``address`` (``http://host:port``), direct,
     with the cluster's token in one header form."""
 
-    def __init__(self, address: str, token: str) -> None:
+    def __init__(self, address: str, token: str, ca_file: str | None = None) -> None:
         self._direct_address = address.rstrip("/")
         self._direct_headers = token_headers(token)
         self._session = requests.Session()
         self._session.trust_env = False  # no proxy variables, no .netrc, no REQUESTS_CA_BUNDLE
+        if ca_file is not None:  # the head's relay (https): its certificate, the cluster's CA
+            self._session.verify = ca_file
         # JobSubmissionClient.__init__ resolves the address through $RAY_ADDRESS: its base's
         # __init__ instead, then the same version check.
-        SubmissionClient.__init__(
-            self, address=self._direct_address, headers=dict(self._direct_headers)
+        SubmissionClient.__init__(  # verify: the log tail's websocket checks the relay too
+            self,
+            address=self._direct_address,
+            headers=dict(self._direct_headers),
+            verify=ca_file if ca_file is not None else True,
         )
         self._address = self._direct_address
         self._headers = dict(self._direct_headers)  # not Ray's added Authorization header

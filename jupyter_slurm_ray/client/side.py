@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bootstrap.dashhttp import dashboard_url
-from ..bootstrap.jsr_wire import CONNECTION_FILE
+from ..bootstrap.jsr_wire import CONNECTION_FILE, TlsFiles
 from ..config import effective_setting
 from ..errors import ConnectError
 from ..job.directory import JobDir
@@ -65,6 +65,7 @@ class ClientSide:
         self.forwards: dict[str, Forward] = {}
         self.connected = False
         self.token_path: str | None = None
+        self.tls: TlsFiles | None = None  # this process's copy of the clients' certificate
         self.driver_hosts = driver_hosts
         self.mode: ConnectMode | None = None  # how this process is connected (once it is)
         self.driver: DriverNode | None = None  # this host's Ray node (driver mode)
@@ -76,11 +77,14 @@ class ClientSide:
 
     @property
     def dashboard_url(self) -> str | None:
+        """The head's dashboard as this process reaches it (``https``: its relay, with TLS)."""
+        tls = self.connection is not None and self.connection.tls
         fwd = self.forwards.get("dashboard")
         if fwd is not None:
-            return dashboard_url(fwd.local_host, fwd.local_port)
+            return dashboard_url(fwd.local_host, fwd.local_port, tls=tls)
         if self.connection is not None:
-            return dashboard_url(self.connection.head_ip, self.connection.dashboard_port)
+            info = self.connection
+            return dashboard_url(info.head_ip, info.dashboard_port, tls=tls)
         return None
 
     @property
@@ -205,7 +209,8 @@ class ClientSide:
         info = await self.load_connection(job_dir)
         ray_client.preflight(info)
         token_path = await self._local_token(job_dir)
-        steps["read"] = time.time()  # connection.json and the token
+        tls = await self.local_tls(job_dir)
+        steps["read"] = time.time()  # connection.json, the token, the clients' certificate
         mode = await self.choose(job_dir, spec, job_id, setting)
         await self._reach("dashboard", info.head_ip, info.dashboard_port)
         steps["chosen"] = time.time()  # the mode (driver: this host's node joined, reach check)
@@ -231,6 +236,7 @@ class ClientSide:
                 token_path,
                 timeout=timeout,
                 attempts=attempts,
+                tls=tls,
             )
         steps["connected"] = time.time()
         self.mode = mode
@@ -248,6 +254,7 @@ class ClientSide:
                 token_path,
                 node_ip=ready.ip,
                 temp_dir=ready.temp_dir,
+                tls=ready.tls,
             )
         except BaseException:
             await self._forget_choice()
@@ -300,13 +307,23 @@ class ClientSide:
             raise ConnectError("connect() first: the dashboard address is not known yet")
         with open(self.token_path) as f:
             token = f.read().strip()
-        return DirectJobSubmissionClient(self.dashboard_url, token)
+        ca = str(self.tls.ca) if self.tls is not None else None
+        return DirectJobSubmissionClient(self.dashboard_url, token, ca_file=ca)
 
     async def _local_token(self, job_dir: JobDir) -> str:
         if self.token_path is None:
             token = await job_dir.read_token()
             self.token_path = str(self.registry.store_token(self.cluster_id, token))
         return self.token_path
+
+    async def local_tls(self, job_dir: JobDir) -> TlsFiles | None:
+        """This process's private copy of the cluster's CA and the clients' certificate (None
+        for a cluster without TLS)."""
+        info = await self.load_connection(job_dir)
+        if info.tls and self.tls is None:
+            cert, key, ca = await job_dir.read_client_tls()
+            self.tls = self.registry.store_tls(self.cluster_id, cert, key, ca)
+        return self.tls if info.tls else None
 
     async def dashboard_forward(self, job_dir: JobDir) -> Forward:
         """This process's way to the head's dashboard (a forward through SSH when remote)."""

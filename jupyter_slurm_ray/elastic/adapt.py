@@ -73,6 +73,7 @@ class Adapter:
         self.retired: list[str] = []
         self._idle_since: dict[str, float] = {}  # node IP -> since when it ran nothing
         self._url: str | None = None
+        self._ca: str | None = None  # the cluster's CA when the dashboard is the head's relay
         self._token: str | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -283,7 +284,7 @@ class Adapter:
         """``api/cluster_status`` of the head's dashboard (through its forward, with the
         cluster's token): Ray's unmet demand and each node's usage."""
         url, token = await self._dashboard()
-        body = await asyncio.to_thread(dashhttp.get_json, url, token)
+        body = await asyncio.to_thread(dashhttp.get_json, url, token, ca_file=self._ca)
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, dict):
             raise SlurmRayError(f"the dashboard's cluster status was not understood: {body!r:.200}")
@@ -291,9 +292,10 @@ class Adapter:
 
     async def _dashboard(self) -> tuple[str, str]:
         if self._url is None or self._token is None:
-            host, port = await self.host.dashboard_endpoint()
+            host, port, self._ca = await self.host.dashboard_endpoint()
             self._token = (await self.host.job_directory().read_token()).strip()
-            self._url = dashhttp.dashboard_url(host, port, "api/cluster_status")
+            tls = self._ca is not None
+            self._url = dashhttp.dashboard_url(host, port, "api/cluster_status", tls=tls)
         return self._url, self._token
 
 

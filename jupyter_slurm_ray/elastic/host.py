@@ -49,5 +49,6 @@ class ClusterHost(Protocol):
     def require_owner(self, what: str) -> None:
         """Refused (naming the owner) unless this process owns the cluster."""
 
-    async def dashboard_endpoint(self) -> tuple[str, int]:
-        """Where this process reaches the head's dashboard (through its forward)."""
+    async def dashboard_endpoint(self) -> tuple[str, int, str | None]:
+        """Where this process reaches the head's dashboard (through its forward), and the
+        cluster's CA when that is the head's relay (https), else None."""

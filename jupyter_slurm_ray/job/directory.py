@@ -2,7 +2,8 @@
 
 ``job.sbatch``, ``bootstrap/`` (the bootstrap package), ``bootstrap.json`` (its settings),
 ``ray_token`` (0600), ``lease`` (rewritten by the owner), ``detached`` (marker),
-``events.jsonl`` and ``connection.json`` (written by the bootstrap), ``slurm-<job>.out|err`` and
+``events.jsonl``, ``connection.json``, ``head.json``, ``nodes.json`` and ``tls/`` (the cluster's CA
+and the clients' certificate: written by the bootstrap), ``slurm-<job>.out|err`` and
 ``logs/ray-{head,worker}-<host>.log``. The directory itself is 0700.
 
 The job dir root must be a tree only the user (or root) can change, by mode or by ACL: every
@@ -31,6 +32,10 @@ from ..bootstrap.jsr_wire import (
     LOGS_DIR,
     PROGRAM_DIR,
     SETTINGS_FILE,
+    TLS_CA_CERT,
+    TLS_CLIENT_CERT,
+    TLS_CLIENT_KEY,
+    TLS_DIR,
     TOKEN_FILE,
     Role,
     Run,
@@ -212,6 +217,13 @@ class JobDir:
 
     async def read_token(self) -> str:
         return (await self.transport.read_file(self.file(TOKEN_FILE))).strip()
+
+    async def read_client_tls(self) -> tuple[str, str, str]:
+        """The clients' certificate, its key and the cluster's CA (``tls/``, made by the head
+        before Ray started)."""
+        names = (TLS_CLIENT_CERT, TLS_CLIENT_KEY, TLS_CA_CERT)
+        cert, key, ca = [await self.transport.read_file(self.file(f"{TLS_DIR}/{n}")) for n in names]
+        return cert, key, ca
 
     async def logs(self, job_id: str | None, node: str | None = None, tail: int = 100) -> str:
         """The job's output (``node=None``) or one node's Ray log, last ``tail`` lines each."""

@@ -4,7 +4,9 @@ dashboard proxy.
 The only source of a proxy backend is the registry: a cluster id maps to the head address and
 dashboard port written by the bootstrap (``connection.json`` in the job dir), reached directly on
 the login node or through an SSH forward. Nothing in a request can name a host or a port.
-The token stays in this process; it is never logged and never sent to the browser.
+The token stays in this process; it is never logged and never sent to the browser. A cluster
+with TLS is reached through its head's relay, whose certificate must be the cluster CA's
+(``tls_ca``): the token goes to nothing else.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class DashboardBackend:
     host: str
     port: int
     token: str
+    tls_ca: str | None = None  # the cluster's CA: the head's relay speaks https
 
     def token_headers(self) -> dict[str, str]:
         """The header that carries the token to the head, in the one form every caller sends."""
@@ -61,6 +64,7 @@ class _Cached:
     info: ConnectionInfo
     token: str
     forward: Forward
+    tls_ca: str | None = None
 
 
 class DashboardBackends:
@@ -106,7 +110,11 @@ class DashboardBackends:
                 info = cached.info
                 cached.forward = await transport.forward(info.head_ip, info.dashboard_port)
         fwd = cached.forward
-        return DashboardBackend(cluster_id, fwd.local_host, fwd.local_port, cached.token)
+        if cached.tls_ca is not None:
+            self.client.use_tls(fwd.local_host, fwd.local_port, cached.tls_ca)
+        return DashboardBackend(
+            cluster_id, fwd.local_host, fwd.local_port, cached.token, cached.tls_ca
+        )
 
     async def _refuse_ended(self, record: ClusterRecord) -> None:
         """DashboardUnavailable when the cluster ended, by its record or by what Slurm says
@@ -169,6 +177,7 @@ class DashboardBackends:
                 raise DashboardUnavailable(f"cluster {record.name} is not ready yet")
             info = ConnectionInfo.from_json(text)
             token = await self._token(record, transport)
+            tls_ca = await self._tls_ca(record, transport) if info.tls else None
             forward = await transport.forward(info.head_ip, info.dashboard_port)
         except DashboardUnavailable:
             raise
@@ -182,7 +191,16 @@ class DashboardBackends:
             forward.local_host,
             forward.local_port,
         )
-        return _Cached(record.job_id, info, token, forward)
+        return _Cached(record.job_id, info, token, forward, tls_ca)
+
+    async def _tls_ca(self, record: ClusterRecord, transport: Transport) -> str:
+        """The cluster's CA, as this user's private copy (the relay's certificate must be one
+        it signed)."""
+        copy = self.registry.tls_copy(record.id)
+        if not copy.ca.exists():
+            cert, key, ca = await JobDir(transport, record.job_dir).read_client_tls()
+            copy = self.registry.store_tls(record.id, cert, key, ca)
+        return str(copy.ca)
 
     async def _token(self, record: ClusterRecord, transport: Transport) -> str:
         token = self.registry.read_token(record.id)

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httptools
 
+from ..bootstrap.dashhttp import tls_context
 from .answers import (
     Answer,
     BadAnswer,
@@ -285,6 +287,14 @@ class KeepAliveClient:
         self.limits = limits or DEFAULT_LIMITS
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._epochs: dict[tuple[str, int], int] = {}
+        self._tls: dict[tuple[str, int], tuple[str, ssl.SSLContext]] = {}
+
+    def use_tls(self, host: str, port: int, ca_file: str) -> None:
+        """Connections to host:port speak TLS, the certificate checked against ``ca_file``
+        (and the address), before a byte of a request is sent."""
+        known = self._tls.get((host, port))
+        if known is None or known[0] != ca_file:
+            self._tls[(host, port)] = (ca_file, tls_context(ca_file))
 
     async def request(
         self,
@@ -313,9 +323,13 @@ class KeepAliveClient:
         epoch = self._epochs.get(key, 0)
         loop = asyncio.get_running_loop()
         seconds = self.limits.connect_seconds
+        tls = self._tls.get(key)
+        context = tls[1] if tls is not None else None
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, key, epoch), host, port),
+                loop.create_connection(
+                    lambda: _Connection(self, key, epoch), host, port, ssl=context
+                ),
                 seconds,
             )
         except asyncio.TimeoutError:
@@ -360,6 +374,7 @@ class KeepAliveClient:
     def drop(self, host: str, port: int) -> None:
         """Close the idle connections to a head; those in use are closed when done."""
         key = (host, port)
+        self._tls.pop(key, None)
         self._epochs[key] = self._epochs.get(key, 0) + 1
         for conn in self._idle.pop(key, []):
             conn.close()

@@ -42,7 +42,7 @@ from jupyter_server_proxy.handlers import ProxyHandler
 from jupyter_server_proxy.websocket import PingableWSClientConnection
 from tornado import httpclient, httputil, web, websocket
 
-from ..bootstrap.dashhttp import TOKEN_HEADER
+from ..bootstrap.dashhttp import TOKEN_HEADER, tls_context
 from ..errors import DashboardUnavailable, NotFound, SlurmRayError
 from .answers import Answer, BadAnswer, HeadGone, HeadSilent
 from .backends import DashboardBackend, DashboardBackends
@@ -345,9 +345,13 @@ class _DashboardProxy(ProxyHandler):
         """Connect the backend side of a websocket, uncompressed, and relay both ways."""
         backend = self.backend
         assert backend is not None
+        tls = backend.tls_ca is not None  # the head's relay: its certificate, the cluster's CA
         request = httpclient.HTTPRequest(
-            url=self.get_client_uri("ws", backend.host, backend.port, self.proxied_path),
+            url=self.get_client_uri(
+                "wss" if tls else "ws", backend.host, backend.port, self.proxied_path
+            ),
             headers=self.proxy_request_headers(),
+            ssl_options=tls_context(backend.tls_ca) if backend.tls_ca is not None else None,
         )
         self._record_activity()
         conn = PingableWSClientConnection(

@@ -24,7 +24,7 @@ from ..helpers.bootstrap import bootstrap_module, claims
 listeners = bootstrap_module("listeners")
 portblock = bootstrap_module("portblock")
 jsr_base = bootstrap_module("jsr_base")
-rayargs = bootstrap_module("rayargs")
+rayports = bootstrap_module("rayports")
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"  # noqa: E501
 
@@ -149,13 +149,74 @@ def test_this_processs_own_listener_is_found_through_the_real_proc() -> None:
             others.verify("client", port)
 
 
-def test_the_gcs_port_is_the_one_ray_announces(tmp_path: Path) -> None:
-    assert rayargs.gcs_port(tmp_path) is None
+def test_a_stranger_on_the_same_port_of_another_address_is_no_ones_concern(
+    tmp_path: Path,
+) -> None:
+    """Bob binds loopback's twin of our dashboard's port: nothing sent to the node's address
+    reaches him, so the node's listener is still verified (no denial by a loopback squat); on
+    every address (or on the node's), he would take connections: that one is a conflict."""
+    me, bob = os.getuid(), os.getuid() + 1
+    ours = row(hex4("10.0.0.5", 21003), "0A", me, 51)
+    rows = [ours, row(hex4("127.0.0.1", 21003), "0A", bob, 77)]
+    proc = fake_proc(tmp_path, rows, {4242: [51]})
+    checked = listeners.OwnListeners(lambda: {4242}, range(0), {}, proc, ip="10.0.0.5")
+    checked.scan()
+    assert checked.verify("dashboard", 21003)
+    assert listeners.still_listening("10.0.0.5", 21003, frozenset({51}), proc)
+    (proc / "net" / "tcp").write_text(HEADER + ours + row(hex4("0.0.0.0", 21003), "0A", bob, 78))
+    checked.scan()
+    with pytest.raises(jsr_base.PortConflict, match=f"uid {bob}"):
+        checked.verify("dashboard", 21003)
+
+
+def test_still_listening_says_whether_the_verified_socket_took_the_connection(
+    tmp_path: Path,
+) -> None:
+    me, bob = os.getuid(), os.getuid() + 1
+    proc = fake_proc(tmp_path, [row(hex4("10.0.0.5", 21003), "0A", me, 51)], {})
+    assert listeners.still_listening("10.0.0.5", 21003, frozenset({51}), proc)
+    assert not listeners.still_listening("10.0.0.5", 21003, frozenset({52}), proc)
+    (proc / "net" / "tcp").write_text(HEADER + row(hex4("10.0.0.5", 21003), "0A", bob, 90))
+    assert not listeners.still_listening("10.0.0.5", 21003, frozenset({51}), proc)  # replaced
+    (proc / "net" / "tcp").write_text(HEADER)
+    assert not listeners.still_listening("10.0.0.5", 21003, frozenset({51}), proc)  # gone
+
+
+def session_dir(tmp_path: Path) -> Path:
     session = tmp_path / "session_2026-12-02_03-52-34_980013_15923"
-    session.mkdir()
+    (session / "logs").mkdir(parents=True)
     (tmp_path / "session_latest").symlink_to(session)
+    return session
+
+
+def test_the_gcs_port_is_the_one_ray_announces(tmp_path: Path) -> None:
+    assert rayports.gcs_port(tmp_path) is None
+    session = session_dir(tmp_path)
     (session / "gcs_server_port_aaa745f6").write_text("41089")
-    assert rayargs.gcs_port(tmp_path) == 41089
+    assert rayports.gcs_port(tmp_path) == 41089
+
+
+def test_the_ports_ray_bound_and_its_node_id_are_read_as_ray_260_tells_them(
+    tmp_path: Path,
+) -> None:
+    """Lines as Ray 2.60 wrote them on the testbed (raylet.out, dashboard.log)."""
+    assert rayports.node_id(tmp_path) is None and rayports.dashboard_port(tmp_path) is None
+    session = session_dir(tmp_path)
+    node = "c355a8d714cd10bd0189fc6a1f6e4448101db73c937695a0a6da2d50"
+    (session / f"metrics_agent_port_{node}").write_text("33077")
+    (session / "logs" / "raylet.out").write_text(
+        "[2026-12-06 11:31:29,101 I 10947 10947] (raylet) grpc_server.cc:144: ObjectManager "
+        "server started, listening on port 44495.\n"
+        "[2026-12-06 11:31:29,106 I 10947 10947] (raylet) grpc_server.cc:144: NodeManager "
+        "server started, listening on port 40059.\n"
+    )
+    (session / "logs" / "dashboard.log").write_text(
+        "2026-12-06 11:31:27,512\tINFO http_server_head.py:498 -- Dashboard head http "
+        "address: 127.0.0.2:36393\n"
+    )
+    assert rayports.node_id(tmp_path) == node
+    assert rayports.raylet_ports(tmp_path) == {"node_manager": 40059, "object_manager": 44495}
+    assert rayports.dashboard_port(tmp_path) == 36393
 
 
 # ------------------------------------------------------------------ blocks and claims

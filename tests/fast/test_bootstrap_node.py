@@ -103,46 +103,72 @@ def test_ray_interpreter_from_shebang(tmp_path: Path) -> None:
 
 def test_node_rows_from_the_state_api() -> None:
     rows = [
-        {"node_ip": "10.0.0.2", "state": "ALIVE", "resources_total": {"slurm_ray_node": 1}},
-        {"node_ip": "10.0.0.1", "state": "ALIVE", "resources_total": {"slurm_ray_node": 1}},
-        {"node_ip": "10.0.0.3", "state": "DEAD", "resources_total": {"slurm_ray_node": 1}},
-        {"node_ip": "10.0.0.4", "state": "ALIVE", "resources_total": {"CPU": 1}},
-    ]
+        {"node_ip": "10.0.0.2", "node_id": "b", "state": "ALIVE",
+         "resources_total": {"slurm_ray_node": 1}},
+        {"node_ip": "10.0.0.1", "node_id": "a", "state": "ALIVE",
+         "resources_total": {"slurm_ray_node": 1}},
+        {"node_ip": "10.0.0.1", "node_id": "a2", "state": "ALIVE",
+         "resources_total": {"slurm_ray_node": 1}},
+        {"node_ip": "10.0.0.3", "node_id": "c", "state": "DEAD",
+         "resources_total": {"slurm_ray_node": 1}},
+        {"node_ip": "10.0.0.4", "node_id": "d", "state": "ALIVE", "resources_total": {"CPU": 1}},
+    ]  # fmt: skip
     payload = {"result": True, "msg": "", "data": {"result": {"total": 4, "result": rows}}}
-    assert dashapi.alive_slurm_nodes(dashapi.node_rows(payload)) == ["10.0.0.1", "10.0.0.2"]
+    alive = dashapi.alive_slurm_nodes(dashapi.node_rows(payload))
+    node = dashapi.AliveNode
+    assert alive == [node("10.0.0.1", "a"), node("10.0.0.1", "a2"), node("10.0.0.2", "b")]
     assert dashapi.node_rows({"data": None}) == []
+
+
+def alive(*pairs: str) -> list:
+    """AliveNodes from "ip/id" pairs."""
+    return [dashapi.AliveNode(*pair.split("/")) for pair in pairs]
 
 
 def test_node_watch_reports_each_loss_and_rejoin() -> None:
     events: list[tuple[str, dict]] = []
     watch = nodewatch.NodeWatch(3, lambda event, **f: events.append((event, f)), lambda h: h)
     watch.hosts = {"10.0.0.1": "node1", "10.0.0.2": "node2", "10.0.0.3": "node3"}
-    everyone = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    everyone = alive("10.0.0.1/a", "10.0.0.2/b", "10.0.0.3/c")
     watch.note(everyone)
-    watch.check_lost(["10.0.0.1", "10.0.0.3"])
-    watch.check_lost(["10.0.0.1", "10.0.0.3"])  # no news
+    watch.check_lost(alive("10.0.0.1/a", "10.0.0.3/c"))
+    watch.check_lost(alive("10.0.0.1/a", "10.0.0.3/c"))  # no news
     watch.check_lost(everyone)  # node2 back
-    watch.check_lost(["10.0.0.1", "10.0.0.2"])  # node3 lost
-    watch.check_lost(["10.0.0.1"])  # node2 lost again
+    watch.check_lost(alive("10.0.0.1/a", "10.0.0.2/b"))  # node3 lost
+    watch.check_lost(alive("10.0.0.1/a"))  # node2 lost again
 
-    def nodes(joined: int, hosts: list[str]) -> tuple[str, dict]:
-        return ("nodes", {"joined": joined, "wanted": 3, "hosts": hosts})
+    def nodes(joined: int, hosts: list[str], ids: list[str]) -> tuple[str, dict]:
+        return ("nodes", {"joined": joined, "wanted": 3, "hosts": hosts, "node_ids": ids})
 
     assert [e for e, _ in events] == [
         "nodes", "nodes", "node_lost", "nodes", "nodes", "node_lost", "nodes", "node_lost",
     ]  # fmt: skip
-    assert events[0] == nodes(3, ["node1", "node2", "node3"])
-    assert events[1] == nodes(2, ["node1", "node3"])
+    assert events[0] == nodes(3, ["node1", "node2", "node3"], ["a", "b", "c"])
+    assert events[1] == nodes(2, ["node1", "node3"], ["a", "c"])
     assert events[2] == (
         "node_lost",
         {
-            "reason": "1 node(s) left the cluster: node2", "hosts": ["node2"], "log": ["node2"],
-            "joined": 2, "wanted": 3,
+            "reason": "1 node(s) left the cluster: node2", "hosts": ["node2"],
+            "node_ids": ["b"], "log": ["node2"], "joined": 2, "wanted": 3,
         },
     )  # fmt: skip
-    assert events[3] == nodes(3, ["node1", "node2", "node3"])
+    assert events[3] == nodes(3, ["node1", "node2", "node3"], ["a", "b", "c"])
     assert events[5][1]["hosts"] == ["node3"] and events[5][1]["joined"] == 2
     assert events[7][1]["hosts"] == ["node2"] and events[7][1]["joined"] == 1
+
+
+def test_two_nodes_on_one_host_are_two_nodes_and_the_loss_of_one_is_seen() -> None:
+    """A worker job on the head's node: same address, another Ray node id."""
+    events: list[tuple[str, dict]] = []
+    watch = nodewatch.NodeWatch(2, lambda event, **f: events.append((event, f)), lambda h: h)
+    watch.hosts = {"10.0.0.1": "node1"}
+    watch.note(alive("10.0.0.1/head"))
+    watch.note(alive("10.0.0.1/head", "10.0.0.1/job"))
+    two = {"joined": 2, "wanted": 2, "hosts": ["node1", "node1"], "node_ids": ["head", "job"]}
+    assert events[-1] == ("nodes", two)
+    watch.check_lost(alive("10.0.0.1/head"))
+    assert events[-1][0] == "node_lost" and events[-1][1]["node_ids"] == ["job"]
+    assert events[-1][1]["joined"] == 1
 
 
 def test_worker_step_passes_the_whole_environment(tmp_path: Path) -> None:

@@ -239,13 +239,27 @@ def test_the_bootstraps_dashboard_asks_directly_and_tells_not_answering_apart(da
          "resources_total": {"slurm_ray_node": 1}},
     ]  # fmt: skip
     dashboard.routes["/api/v0/nodes"] = json_answer({"data": {"result": {"result": rows}}})
-    head = dashapi.Dashboard("127.0.0.1", dashboard.port, TOKEN)
-    assert head.alive_nodes() == ["10.0.0.2"] and head.alive_node_id("10.0.0.2") == "b"
+    head = dashapi.Dashboard("127.0.0.1", dashboard.port, TOKEN, lambda: True)
+    assert head.alive_nodes() == [dashapi.AliveNode("10.0.0.2", "b")]
     assert dashboard.seen[0]["path"] == "/api/v0/nodes?limit=1000"
     assert dashboard.seen[0]["headers"]["X-Ray-Authorization"] == f"Bearer {TOKEN}"
     dashboard.routes["/api/v0/nodes"] = json_answer({"error": "forbidden"}, status=403)
-    assert head.rows() is None and not head.node_gone("b")  # not answering is not "gone"
+    assert head.rows() is None and head.alive_nodes() is None  # not answering is not "gone"
     assert proxy.seen == []
+
+
+def test_the_bootstraps_dashboard_sends_nothing_where_the_listener_is_not_verified(dashboard):
+    dashapi = bootstrap_module("dashapi")
+    dashboard.routes["/api/v0/nodes"] = json_answer({"data": {"result": {"result": []}}})
+    asked: list[bool] = []
+
+    def not_ours() -> bool:
+        asked.append(True)
+        return False
+
+    head = dashapi.Dashboard("127.0.0.1", dashboard.port, TOKEN, not_ours)
+    assert head.alive_nodes() is None
+    assert asked == [True] and dashboard.seen == []  # connected, checked, nothing sent
 
 
 def test_the_package_and_the_bootstrap_share_one_module():

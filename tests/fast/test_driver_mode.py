@@ -44,8 +44,10 @@ from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
 from ..helpers.bootstrap import BOOTSTRAP_DIR
 
-# A stand-in for `ray start --address=… --block …`: the node's listeners, then Ray's word that
-# it registered (ray_current_cluster in its temp dir); its argv is kept for the test.
+# A stand-in for `ray start --address=… --block …`: the node's listeners (port 0: where the
+# kernel puts them, told in the raylet's log as Ray 2.60 tells it), its node id (a port file of
+# its session dir), then Ray's word that it registered (ray_current_cluster in its temp dir);
+# its argv is kept for the test.
 FAKE_RAY = """#!{python}
 import json, os, signal, socket, sys, time
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
@@ -55,6 +57,13 @@ if os.environ.get("FAKE_RAY_FAIL"):
     sys.exit(3)
 held = [socket.create_server(("", int(args[name])))
         for name in ("node-manager-port", "object-manager-port")]
+logs = os.path.join(args["temp-dir"], "session_latest", "logs")
+os.makedirs(logs)
+with open(os.path.join(logs, "raylet.out"), "w") as out:
+    for name, sock in zip(("NodeManager", "ObjectManager"), held):
+        port = sock.getsockname()[1]
+        out.write(f"grpc_server.cc:144: {{name}} server started, listening on port {{port}}.\\n")
+open(os.path.join(logs, "..", "metrics_agent_port_" + "ab" * 28), "w").write("1")
 with open(os.path.join(args["temp-dir"], "ray_current_cluster"), "w") as out:
     out.write(args["address"])
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -197,11 +197,13 @@ def test_a_node_count_is_a_whole_number_from_the_heads_allocation_up() -> None:
 def test_nodes_leaving_on_purpose_are_not_reported_lost() -> None:
     nodewatch = bootstrap_module("nodewatch")
     events: list[tuple[str, dict]] = []
+    dashapi = bootstrap_module("dashapi")
     watch = nodewatch.NodeWatch(1, lambda event, **f: events.append((event, f)), lambda h: [])
     watch.hosts = {"10.0.0.1": "node1", "10.0.0.2": "node2", "10.0.0.3": "node3"}
-    watch.note(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
-    watch.leaving.add("node2")
-    watch.check_lost(["10.0.0.1"])
+    nodes = [dashapi.AliveNode(f"10.0.0.{n}", f"id{n}") for n in (1, 2, 3)]
+    watch.note(nodes)
+    watch.leaving.add("id2")  # its worker_leaving event names its Ray node id
+    watch.check_lost(nodes[:1])
     lost = [fields["hosts"] for event, fields in events if event == "node_lost"]
     assert lost == [["node3"]]
 

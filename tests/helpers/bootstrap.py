@@ -25,6 +25,7 @@ from typing import Any
 
 from jupyter_slurm_ray.job.shipping import bootstrap_files
 
+from .clusters import client_tls_environment
 from .jobs import in_queue, queue_state
 from .paths import REPO, VENV_ACTIVATE, VENV_PYTHON
 from .testbed import USER, runuser
@@ -319,6 +320,7 @@ def run_ray_client(job: JobDir, timeout: float = 150.0) -> dict[str, Any]:
         RAY_USAGE_STATS_ENABLED="0",
         RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S="20",
     )
+    env.update(client_tls_environment(job.path))
     address = f"ray://{connection['head_ip']}:{connection['client_port']}"
     done = subprocess.run(
         [str(VENV_PYTHON), "-c", CLIENT_PROGRAM, address],

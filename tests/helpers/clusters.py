@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jupyter_slurm_ray.bootstrap.jsr_wire import TlsFiles
 from jupyter_slurm_ray.spec import ClusterSpec
 
 from .jobs import in_queue
@@ -101,15 +102,31 @@ def down_and_record(cluster, fault: str) -> None:
     record_figure(fault, nothing_left_after_down_s=round(time.monotonic() - started, 1))
 
 
+def client_tls_environment(job_dir: str | Path | None) -> dict[str, str]:
+    """Ray's TLS variables naming the clients' certificate of the cluster whose job dir this
+    is (read here as root), as a kernel's connect sets them; none for a cluster without TLS."""
+    tls = Path(job_dir) / "tls" if job_dir else None
+    if tls is None or not (tls / "client.crt").exists():
+        return {}
+    return TlsFiles(tls / "client.crt", tls / "client.key", tls / "ca.crt").environment()
+
+
 def ray_in_subprocess(
-    address: str, token_path: str | None, code: str, timeout: float = 90, env: dict | None = None
+    address: str,
+    token_path: str | None,
+    code: str,
+    timeout: float = 90,
+    env: dict | None = None,
+    job_dir: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh Python connected with Ray Client (so this process stays clean).
+    """Run ``code`` in a fresh Python connected with Ray Client (so this process stays clean),
+    with the TLS of the cluster whose ``job_dir`` it is.
 
     The code sees ``ray`` and must print one JSON line as its result.
     """
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     environment.update(RAY_USAGE_STATS_ENABLED="0", **(env or {}))
+    environment.update(client_tls_environment(job_dir))
     if token_path is not None:
         # the package's own connect: token settings and retries of Ray Client's known flakes
         connect = (

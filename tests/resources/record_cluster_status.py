@@ -26,12 +26,12 @@ from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 
-from ..helpers.clusters import cluster_spec, wait_until_nothing_left
+from ..helpers.clusters import client_tls_environment, cluster_spec, wait_until_nothing_left
 from ..helpers.paths import ARTIFACTS
 from ..helpers.testbed import runuser
 
 DRIVER = """
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 
 import ray
@@ -49,7 +49,7 @@ token = Path(token_path).read_text().strip()
 def record(name, wanted):
     times = []
     for _ in range(90):
-        body = dashhttp.get_json(url, token)
+        body = dashhttp.get_json(url, token, ca_file=os.environ.get("RAY_TLS_CA_CERT"))
         status = body["data"]["clusterStatus"]
         if wanted(status["loadMetricsReport"]):
             times.append(status["time"])
@@ -136,11 +136,13 @@ def record_into(out: Path, registry: Registry) -> None:
         info = cluster.connection_info()
         token = Path(f"{cluster.job_dir}/ray_token").read_text().strip()
         token_path = registry.store_token(cluster.id, token)
-        url = dashhttp.dashboard_url(info.head_ip, info.dashboard_port, "api/cluster_status")
+        path = "api/cluster_status"
+        url = dashhttp.dashboard_url(info.head_ip, info.dashboard_port, path, tls=info.tls)
         address = f"ray://{info.head_ip}:{info.client_port}"
         argv = [sys.executable, "-c", textwrap.dedent(DRIVER), address, str(token_path), url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env.update(client_tls_environment(cluster.job_dir))
         subprocess.run([*argv, str(out)], check=True, timeout=600, env=env)
     finally:
         cluster.down()

@@ -1,17 +1,23 @@
 """Ray Client's proxier gives a client's requests, with the cluster token, only to the server
-it started for that client.
+it started for that client, on a port nobody else can take.
 
-The proxier (on the head) starts one server per client on 127.0.0.1:<port>, a port it took
-from 23000-23999 in order by binding and closing it; the new server binds it again a second
-or two later, once Python imported Ray. In between, another user of the node can bind that
-port (he sees the client's connection appear in /proc/net/tcp and knows the order), and the
-proxier then connects to his listener and sends it the token (measured on the testbed with
-Ray 2.60: the token in the headers of ``RayletDataStreamer/Datapath``). Every path of the
-proxier to a client's server goes through ``ProxyManager.get_channel`` (the first request,
-a reconnect, the log stream, each unary call): here it hands out the channel only while every
-listener on the server's port is a socket of the server's own processes (checked once, then
-only that the same sockets still listen there); the start itself fails when they are not
-("Starting Ray client server failed", which clients retry).
+The proxier (on the head) starts one server per client on 127.0.0.1:<port>. Ray takes the
+port from 23000-23999, one range for every user and cluster of the node, in order, by binding
+and closing it; the new server binds it again a second or two later, once Python imported
+Ray. Another user holding that range blocked Ray Client to every cluster on the node; two
+clusters of one user connecting at once walked the range in lockstep and collided; and in
+between the probe and the server's bind, another user could bind the port (he sees it on the
+server's command line) and, without TLS, receive the token (measured on the testbed with Ray
+2.60: in the headers of ``RayletDataStreamer/Datapath``). So here:
+
+- the port is the kernel's choice (``hold_port``), held until the server listens by a socket
+  bound with SO_REUSEPORT and not listening: the server's gRPC listener (SO_REUSEPORT, same
+  user) binds beside it, another user's bind fails;
+- every path of the proxier to a client's server goes through ``ProxyManager.get_channel``
+  (the first request, a reconnect, the log stream, each unary call): it hands out the channel
+  only while every listener on the server's port is a socket of the server's own processes
+  (checked once, then only that the same sockets still listen there); the start itself fails
+  when they are not ("Starting Ray client server failed", which clients retry).
 
 Installed by ``sitecustomize`` in every Python process of the cluster's Ray; it acts only in
 the proxier, once ``ray.util.client.server.proxier`` is imported. The /proc reading mirrors
@@ -21,16 +27,46 @@ importable).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import os
+import socket
 import sys
+import threading
 import time
 from types import ModuleType
 from typing import Any
 
 TARGET = "ray.util.client.server.proxier"
 LISTEN_WAIT = 30.0  # s for a client's server to listen (Ray's own channel timeout)
+LOOPBACK = "127.0.0.1"  # where Ray's proxier starts its per-client servers
+
+_held: dict[int, socket.socket] = {}  # port -> the socket holding it until its server listens
+_held_lock = threading.Lock()
+
+
+def hold_port(family: int = socket.AF_INET) -> int:
+    """A loopback port the kernel chose, held (SO_REUSEPORT, not listening) until ``let_go``."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("::1" if family == socket.AF_INET6 else LOOPBACK, 0))
+    except OSError:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
+    with _held_lock:
+        _held[port] = sock
+    return port
+
+
+def let_go(port: int) -> None:
+    with _held_lock:
+        sock = _held.pop(port, None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.close()
 
 
 def listening_sockets(port: int) -> dict[int, int]:
@@ -115,6 +151,7 @@ def refusal(server: Any) -> str | None:
     reason = foreign_listener(server.port, handle.process)
     if reason is None:
         server.jsr_verified = frozenset(listening_sockets(server.port))
+    let_go(server.port)  # it listens (or never will): the holder is no longer needed
     return reason
 
 
@@ -123,8 +160,14 @@ def guard(proxier: ModuleType) -> None:
     manager = proxier.ProxyManager
     start, get = manager.start_specific_server, manager.get_channel
 
+    def _get_unused_port(self: Any, family: int = socket.AF_INET) -> int:
+        return hold_port(family)
+
     def start_specific_server(self: Any, client_id: str, job_config: Any) -> bool:
         if not start(self, client_id, job_config):
+            server = self._get_server_for_client(client_id)
+            if server is not None:
+                let_go(server.port)
             return False
         server = self._get_server_for_client(client_id)
         reason = refusal(server) if server is not None else "it is not known"
@@ -149,6 +192,7 @@ def guard(proxier: ModuleType) -> None:
             return None
         return get(self, client_id)
 
+    manager._get_unused_port = _get_unused_port
     manager.start_specific_server = start_specific_server
     manager.get_channel = get_channel
     manager.jsr_guarded = True

@@ -4,7 +4,9 @@ PYTHONPATH): imports that cost seconds and are rarely used are deferred to their
 Then the ``sitecustomize`` this file shadows, if there is one, runs as usual.
 
 It also installs ``jsr_clientguard``: Ray Client's proxier sends a client's requests (with the
-cluster token) only to the server it started for that client (see there).
+cluster token) only to the server it started for that client, on a port nobody else can take
+(see there); and ``jsr_metrics``: Ray's Prometheus endpoints stay closed unless the cluster's
+``ray_metrics`` setting opens them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 
 import jsr_clientguard  # beside this file, first on sys.path
 import jsr_deferred
+import jsr_metrics
 
 
 def _is_a_copy_of_this(path: str) -> bool:
@@ -36,4 +39,5 @@ def _run_shadowed_sitecustomize() -> None:
 
 jsr_deferred.install()
 jsr_clientguard.install()
+jsr_metrics.install()
 _run_shadowed_sitecustomize()
