@@ -23,6 +23,8 @@ class State(str, enum.Enum):
     STARTING = "STARTING"
     READY = "READY"
     CONNECTED = "CONNECTED"
+    # up, but Ray cannot do all it should (ports of a node taken by another user): the reason
+    DEGRADED = "DEGRADED"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
     FAILED = "FAILED"
@@ -37,7 +39,7 @@ class State(str, enum.Enum):
 
     @property
     def is_up(self) -> bool:
-        return self in (State.READY, State.CONNECTED)
+        return self in (State.READY, State.CONNECTED, State.DEGRADED)
 
     def __str__(self) -> str:
         return self.value
@@ -221,14 +223,18 @@ class EventSummary:
     stopped: bool = False
     stop_requested: str | None = None  # a client stopped it (who): its CANCELLED is STOPPED
     nodes_lost: list[str] = field(default_factory=list)
+    ports_taken: dict[str, str] = field(default_factory=dict)  # host -> what is taken, by whom
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for ev in events:
             self.events.append(ev)
+            kind = ev.get("event")
+            if kind in (Event.PORTS_TAKEN, Event.PORTS_FREED):  # any node's, a worker job's too
+                self._note_ports(ev)
+                continue
             if ev.get(WORKER_JOB_FIELD):  # an extra worker job's own: not the cluster's state
                 continue
-            kind = ev.get("event")
             if kind == Event.PHASE:
                 self.phase = ev.get("phase", self.phase)
                 self.joined = int(ev.get("joined", self.joined) or 0)
@@ -257,6 +263,24 @@ class EventSummary:
                 # written by whoever stops the cluster, before its scancel: Slurm's
                 # CANCELLED is then a stop on request (STOPPED), not an outside scancel
                 self.stop_requested = f"by pid {ev.get('pid')} on {ev.get('host')}"
+
+    @property
+    def degraded(self) -> str | None:
+        """Why Ray cannot do all it should now (None: nothing known)."""
+        return "; ".join(self.ports_taken[host] for host in sorted(self.ports_taken)) or None
+
+    def _note_ports(self, event: dict[str, Any]) -> None:
+        host = str(event.get("host") or event.get("ip") or "a node")
+        if event.get("event") == Event.PORTS_FREED:
+            self.ports_taken.pop(host, None)
+            return
+        ports = event.get("ports")
+        taken = len(ports) if isinstance(ports, list) else "some"
+        by = ", ".join(str(who) for who in event.get("by") or []) or "another user"
+        self.ports_taken[host] = (
+            f"{taken} of the {event.get('of', '?')} ports of {host}'s block taken by {by}: "
+            "Ray cannot start workers on them"
+        )
 
     def _add_lost(self, event: dict[str, Any]) -> None:
         hosts = event.get("hosts") or [event.get("host")]
@@ -342,6 +366,11 @@ def derive_status(
         return replace(base, state=State.STOPPING, reason=None)
     if job.is_pending:
         return replace(base, state=State.PENDING, reason=job.reason, estimated_start=job.start_time)
+    if events.ready and events.degraded:  # never shown CONNECTED while Ray is starved
+        lost = _lost_text(events.nodes_lost)
+        return replace(
+            base, state=State.DEGRADED, reason="; ".join(filter(None, [events.degraded, lost]))
+        )
     if events.ready:
         state = State.CONNECTED if connected else State.READY
         return replace(base, state=state, reason=_lost_text(events.nodes_lost))

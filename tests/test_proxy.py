@@ -112,6 +112,19 @@ def test_the_ray_token_is_needed_directly_but_not_through_the_proxy(server, clus
     assert response.status_code == 200
 
 
+def test_the_heads_relay_shows_the_clusters_certificate_and_still_asks_for_the_token(head):
+    """What every client off the head uses: https whose certificate the cluster's CA signed (a
+    client that trusts only the usual CAs refuses it before sending anything), and Ray's
+    token still asked for behind it."""
+    assert head.relay_url is not None and head.ca is not None
+    url = head.relay_url + "api/cluster_status"
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(url, headers=head.headers(), timeout=10)  # the system's CAs only
+    assert requests.get(url, verify=head.ca, timeout=10).status_code in (401, 403)
+    response = requests.get(url, headers=head.headers(), verify=head.ca, timeout=10)
+    assert response.status_code == 200 and response.json()["result"] is True
+
+
 def test_without_jupyter_auth_pages_redirect_to_login_and_apis_are_refused(server, cluster):
     page = server.get(dashboard(cluster), headers={})
     assert page.status_code == 302 and "/login" in page.headers["Location"]

@@ -108,10 +108,11 @@ async def run_doctor(
         not_driver, node.node, node.reached_back, node.reach_back_where, node.reach_back_error
     )
     add(_check("driver", *verdict))
+    add(protections_check(spec, node))
     add(extensions_check(server_extension_running))
     order = [
         "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
-        "driver", "extensions",
+        "driver", "protections", "extensions",
     ]  # fmt: skip
     report.checks.sort(key=lambda check: order.index(check.name))
     return report
@@ -128,6 +129,7 @@ _TITLES = {
     "ray": "Ray on the node matches this kernel",
     "address": "The node's address is reachable",
     "driver": "The nodes reach this kernel (driver mode)",
+    "protections": "Protections against other users of the nodes",
     "extensions": "JupyterLab and server extensions",
 }
 
@@ -449,6 +451,40 @@ def _address_check(spec: ClusterSpec, node: NodeReport) -> Check:
     return _check(
         "address", "fail", f"{where}: not reached from the login node: {node.reach_error}", fix
     )
+
+
+def protections_check(spec: ClusterSpec, node: NodeReport) -> Check:
+    """Which protections the cluster would run with, from its settings and what the test job
+    found on the node (TLS needs openssl there)."""
+    openssl = node.python.get("openssl")
+    said = ["token auth"]
+    if spec.port_strategy == "kernel":
+        said.append("every port the kernel's choice (nothing to predict, take first or drain)")
+    else:
+        said.append(
+            f"ports from port_range {spec.port_range[0]}-{spec.port_range[1]} "
+            f"({spec.port_strategy}: predictable, watched, moved when taken)"
+        )
+    said.append("Ray's metrics endpoints on" if spec.ray_metrics else "Ray's metrics off")
+    if not spec.tls:
+        detail = "; ".join(["TLS off", *said])
+        fix = (
+            "with tls = false a neighbour who takes the port of a Ray process that died "
+            "receives the token (set tls = true; the nodes need openssl)"
+        )
+        return _check("protections", "warn", detail, fix)
+    if node.python and openssl is None:
+        fix = "install openssl on the compute nodes (it makes the cluster's certificates)"
+        return _check("protections", "fail", "TLS on, but no openssl on the node", fix)
+    tls = "TLS: Ray's channels with the cluster's own CA, the dashboard through an HTTPS relay"
+    where = f" ({openssl} on the node)" if openssl else ""
+    status = "warn" if spec.ray_metrics else "ok"
+    fix = (
+        "ray_metrics = true: the metrics endpoints answer any user of the node"
+        if spec.ray_metrics
+        else ""
+    )
+    return _check("protections", status, "; ".join([tls + where, *said]), fix)
 
 
 def extensions_check(server_extension_running: bool = False) -> Check:

@@ -192,6 +192,7 @@ _COLOURS = {
     State.STARTING: "#1f6feb",
     State.READY: "#2e7d32",
     State.CONNECTED: "#2e7d32",
+    State.DEGRADED: "#e65100",
     State.STOPPING: "#6c757d",
     State.STOPPED: "#6c757d",
 }

@@ -204,7 +204,7 @@ class SlurmRayMagics(Magics):
         if cluster.id not in self.session.clusters or args.takeover:
             cluster.attach(takeover=args.takeover)
         self.session.adopt(cluster)
-        if not args.no_connect and cluster.state is State.READY:
+        if not args.no_connect and cluster.state in (State.READY, State.DEGRADED):
             self._refuse_second_connection(cluster)
             cluster.connect(timeout=self._connect_timeout())
         self._summary(cluster)

@@ -378,7 +378,7 @@ class ClusterPanel(widgets.VBox):
         active = state is not None and not state.is_final
         self.up_button.disabled = active
         self.stop_button.disabled = not active or state is State.STOPPING
-        self.connect_button.disabled = state is not State.READY
+        self.connect_button.disabled = state not in (State.READY, State.DEGRADED)
         up = state is not None and state.is_up
         self.grow_button.disabled = not up
         own = self.cluster.spec.nodes if self.cluster is not None else 0

@@ -56,7 +56,7 @@ export function nodesLostText(cluster: ICluster): string | null {
   return lost.length ? `${lost.join(', ')} lost` : null;
 }
 
-const UP = new Set(['READY', 'CONNECTED']);
+const UP = new Set(['READY', 'CONNECTED', 'DEGRADED']);
 const BUSY = new Set(['SUBMITTING', 'PENDING', 'STARTING', 'STOPPING']);
 const FINAL = new Set(['STOPPED', 'FAILED', 'TIMEOUT', 'CANCELLED', 'PREEMPTED', 'NODE_FAIL']);
 

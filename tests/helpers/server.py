@@ -183,11 +183,15 @@ def start_cluster(state_dir: Path, user: str, name: str) -> SlurmRayCluster:
 
 @dataclass(frozen=True)
 class Head:
-    """The dashboard of a cluster reached directly (the login node reaches the head)."""
+    """The dashboard of a cluster reached directly (the login node reaches the head): Ray's
+    own port (``url``), and the head's relay in front of it (``relay_url``, https with the
+    cluster's CA ``ca``) when the cluster runs with TLS."""
 
     url: str  # ends with "/"
     token: str
     info: ConnectionInfo
+    relay_url: str | None = None
+    ca: str | None = None
 
     def headers(self) -> dict[str, str]:
         return {"X-Ray-Authorization": f"Bearer {self.token}"}
@@ -197,7 +201,11 @@ def head_of(cluster: SlurmRayCluster) -> Head:
     read = cluster.transport.read_file
     info = ConnectionInfo.from_json(run_sync(read(f"{cluster.job_dir}/connection.json")))
     token = run_sync(read(f"{cluster.job_dir}/ray_token")).strip()
-    return Head(f"http://{info.head_ip}:{info.dashboard_port}/", token, info)
+    url = f"http://{info.head_ip}:{info.ports['dashboard']}/"
+    if not info.tls:
+        return Head(url, token, info)
+    relay = f"https://{info.head_ip}:{info.dashboard_port}/"
+    return Head(url, token, info, relay, f"{cluster.job_dir}/tls/ca.crt")
 
 
 def dashboard_log(cluster: SlurmRayCluster) -> str:

@@ -8,18 +8,22 @@ can), as soon as it appears;
 ``clientserver:K:GCS``: it watches the victim's new processes for Ray Client's per-client
 server of the cluster whose GCS is at GCS (``--mode=specific-server --address=GCS --port=N``
 on its command line, readable by every user: the other clusters on the host are not his
-target) and binds its port N before that server does, for the first K of them; ``hold``:
-nothing more. Each of its listeners answers like an HTTP/2 server (its SETTINGS frame, then
-the ACK of the client's) so that a gRPC client goes on to send its request headers, and
-records every byte it receives in OUT_DIR/<port>-<n>.bin; OUT_DIR/log.jsonl says what it
-saw and did.
-Standard library only (the node's own python3).
+target) and binds its port N before that server does, for the first K of them;
+``freed:FILE``: it watches the ports FILE lists (the victim cluster's listeners on this node,
+kept current by the test) and binds each one as soon as nothing of the victim listens there
+any more (with SO_REUSEADDR, over its closed connections), as on a node where one of the
+victim's Ray processes died or a worker exited; ``hold``: nothing more. Each of its listeners
+answers like an HTTP/2 server (its SETTINGS frame, then the ACK of the client's) so that a gRPC
+client goes on to send its request headers, and records every byte it receives in
+OUT_DIR/<port>-<n>.bin; OUT_DIR/log.jsonl says what it saw and did. Standard library only (the
+node's own python3).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import struct
 import sys
@@ -105,11 +109,13 @@ class Squatter:
                 found.append((port, uid))
                 offset += (length + 3) & ~3
 
-    def hold(self, port: int, after: int | None) -> None:
+    def hold(self, port: int, after: int | None, reuse: bool = False) -> None:
         if port in self.held or not 1024 <= port <= 65535:
             return
         sock = socket.socket()
         try:
+            if reuse:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("", port))
             sock.listen(64)
         except OSError as exc:
@@ -164,6 +170,8 @@ class Squatter:
         if mode.startswith("clientserver:"):
             _, count, gcs = mode.split(":", 2)
             self.on_client_servers(int(count), gcs, deadline)
+        if mode.startswith("freed:"):
+            self.on_freed_ports(mode.removeprefix("freed:"), deadline)
         if not mode.startswith("watch:"):
             while time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -188,7 +196,30 @@ class Squatter:
                 count -= 1
             time.sleep(0.002)
 
+    def on_freed_ports(self, listed: str, deadline: float) -> None:
+        """Each port of the file that the victim listened on and no longer does: taken."""
+        watched: set[int] = set()
+        next_read = 0.0
+        while time.monotonic() < deadline:
+            if time.monotonic() >= next_read:
+                next_read = time.monotonic() + 0.05
+                try:
+                    with open(listed) as ports:
+                        watched |= {int(word) for word in ports.read().split()}
+                except (OSError, ValueError):
+                    pass
+            listening = self.victims_listeners()
+            for port in sorted(watched - listening - set(self.held)):
+                if port in self.seen:  # it listened before: freed now
+                    self.note(what="freed", port=port)
+                    self.hold(port, port, reuse=True)
+                    self.seen.discard(port)  # once; again only if the victim listens again
+            self.seen |= watched & listening
+            time.sleep(0.001)
+
 
 if __name__ == "__main__":
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a port range is a thousand sockets
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     victim, out, seconds, mode = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
     Squatter(victim, out).run(seconds, mode, [int(port) for port in sys.argv[5:]])
