@@ -137,8 +137,25 @@ async def test_the_report_is_a_table_text_and_json(transport, jobs_root):
     assert data["ok"] is True
     assert [c["name"] for c in data["checks"]] == [
         "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
-        "driver", "extensions",
+        "driver", "protections", "extensions",
     ]  # fmt: skip
+    protections = report.check("protections").detail
+    assert protections.startswith("TLS: Ray's channels with the cluster's own CA")
+    assert "every port the kernel's choice" in protections and "Ray's metrics off" in protections
+
+
+def test_the_protections_line_says_what_is_off_and_what_is_missing_on_the_node():
+    from jupyter_slurm_ray.doctor.checklist import protections_check
+    from jupyter_slurm_ray.doctor.testjob import NodeReport
+
+    found = NodeReport(python={"openssl": "OpenSSL 3.0.19 27 Jan 2026"})
+    plain = protections_check(ClusterSpec(tls=False, port_strategy="random"), found)
+    assert plain.status == "warn" and plain.detail.startswith("TLS off")
+    assert "predictable" in plain.detail and "receives the token" in plain.fix
+    missing = protections_check(ClusterSpec(), NodeReport(python={"openssl": None}))
+    assert missing.status == "fail" and "openssl" in missing.fix
+    metrics = protections_check(ClusterSpec(ray_metrics=True), found)
+    assert metrics.status == "warn" and "(OpenSSL 3.0.19 27 Jan 2026 on the node)" in metrics.detail
 
 
 @needs_an_interface
