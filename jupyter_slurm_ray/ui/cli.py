@@ -1,5 +1,5 @@
 """``jupyter slurm-ray list | down | logs | extend | scale | forget | gc | doctor``: the
-clusters, and whether they can work here, from a terminal."""
+clusters, and whether they can work here, from a terminal (``--version``: the package's)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from .. import installed_version
 from ..config import SlurmRay
 from ..errors import SlurmRayError
 from ..inventory import Orphan
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Ray clusters on Slurm started from Jupyter: list, stop, read logs, clean up. "
         "Settings come from JUPYTER_SLURM_RAY_* variables (e.g. JUPYTER_SLURM_RAY_LOGIN_HOST).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("list", help="every cluster in the registry, with Slurm's view of its job")
     _cluster_command(sub, "down", "stop a cluster (or --all)")
