@@ -18,7 +18,7 @@ from .adaptcommand import adapt_command
 from .arguments import NAME_HELP, add_adapt_arguments, add_arguments, add_scale_arguments
 from .magic_args import add_doctor_arguments, setup_lines, spec_arguments
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 Ask = Callable[[str], str]
 
@@ -93,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     add_doctor_arguments(doctor)
     doctor.add_argument("--json", action="store_true", help="the checklist as JSON")
     return parser
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's parser (the documentation's reference shows its --help)."""
+    return _parser()
 
 
 def _cluster_command(
