@@ -88,7 +88,7 @@ def cluster_settings() -> list[Setting]:
         ways = [f"ClusterSpec({name}=…)"]
         configurable = name in SPEC_SETTINGS
         if configurable:
-            ways += [f"%config SlurmRay.{name}", f"c.SlurmRay.{name}", f"a profile's {name}"]
+            ways += [f"%config SlurmRay.{name}", f"c.SlurmRay.{name}", f"[profiles.P] {name} = …"]
         if name in options:
             ways.append(f"%slurm_ray up {'/'.join(options[name])}")
         settings.append(
@@ -386,6 +386,11 @@ def queue_reasons() -> list[tuple[str, str, str, bool]]:
     return explained
 
 
+def _in_help(name: str, text: str) -> str:
+    """Where an event with no comment of its own is described: the bootstrap's HELP."""
+    return "described in bootstrap --help, below" if re.search(rf"\b{name}\b", text) else ""
+
+
 def bootstrap_help() -> str:
     """``bootstrap/__main__.py``'s HELP (read, not imported: it runs from the job dir)."""
     tree = ast.parse((PACKAGE / "bootstrap" / "__main__.py").read_text())
@@ -543,7 +548,7 @@ def setup(app: Any) -> dict[str, Any]:
                             nodes.paragraph("", "", env),
                         ]
                     )
-            return [table(["Setting", "Of", "Default", "Environment variable"], rows, [3, 1, 3, 4])]
+            return [table(["Setting", "Of", "Default", "Environment variable"], rows, [3, 2, 3, 4])]
 
     class FormerNamesDirective(_Directive):
         """``{jsr-former-names}``: settings' former names, which still work (warning)."""
@@ -639,7 +644,10 @@ def setup(app: Any) -> dict[str, Any]:
         def run(self) -> list[nodes.Node]:
             from jupyter_slurm_ray.bootstrap import jsr_wire
 
-            rows = [[literal(e.name), e.writer, e.note] for e in events()]
+            help_text = bootstrap_help()
+            rows = [
+                [literal(e.name), e.writer, e.note or _in_help(e.name, help_text)] for e in events()
+            ]
             phases = [[literal(v), literal(k)] for k, v in constants(jsr_wire.Phase)]
             roles = [[literal(v), literal(k)] for k, v in constants(jsr_wire.Role)]
             text = bootstrap_help()

@@ -17,7 +17,7 @@ from playwright.sync_api import Route, sync_playwright
 PAGES = {
     "docs-front.png": "index.html",
     "docs-howto.png": "how-to/connect-modes.html",
-    "docs-settings.png": "reference/settings.html",
+    "docs-settings.png": "reference/settings.html#cluster-settings",
 }
 CHROMIUM_ARGS = [
     "--headless",
@@ -50,7 +50,9 @@ def main(site: Path, out: Path) -> int:
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
             page.route("**/*", only_files)
             for name, path in PAGES.items():
-                page.goto((site / path).resolve().as_uri(), wait_until="load")
+                file, _, fragment = path.partition("#")
+                url = (site / file).resolve().as_uri() + (f"#{fragment}" if fragment else "")
+                page.goto(url, wait_until="load")
                 page.screenshot(path=out / name)
         finally:
             browser.close()
