@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from .elastic.host import ClusterHost
     from .slurm.client import SlurmClient
 
-__version__ = "0.1.0"
-
 __all__ = [
     "ClusterSpec",
     "CommandError",
@@ -51,12 +49,26 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """The main classes, imported on first use (importing the package stays cheap)."""
+    """The main classes, imported on first use (importing the package stays cheap), and
+    ``__version__``."""
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name == "__version__":
+        return installed_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def installed_version() -> str:
+    """The version of the installed distribution, which the build took from its one place,
+    ``labextension/package.json``; "0+unknown" for a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jupyter-slurm-ray")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _cluster_mimebundle(cluster: Any, include: Any, exclude: Any) -> dict[str, Any]:

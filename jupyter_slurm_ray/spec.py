@@ -306,8 +306,9 @@ class ClusterSpec:
         "lines",
         "Variables of this environment the job also gets, by name or glob pattern (MYAPP_*; "
         "a pattern skips names that look like secrets). Besides them only a small default "
-        "list goes (PATH, LD_LIBRARY_PATH, PYTHONPATH, HOME, USER, TMPDIR, LANG, LC_*, TZ, "
-        "module systems' variables): everything else stays out; script() shows the list.",
+        "list goes (PATH, LD_LIBRARY_PATH, PYTHONPATH, HOME, USER, LOGNAME, TMPDIR, LANG, "
+        "LC_*, TZ, module systems' variables): everything else stays out; script() shows the "
+        "list.",
     )
     worker_groups: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = _setting(
         (),

@@ -159,7 +159,7 @@ class Event:
     PORTS_RETRY = "ports_retry"
     PORTS_TAKEN = "ports_taken"  # once running: others listen on ports of the node's block
     PORTS_FREED = "ports_freed"  # ... and no longer do
-    IMPORT_RAY = "import_ray"
+    IMPORT_RAY = "import_ray"  # seconds `import ray` took on the head's node, Ray's version
     NODES = "nodes"
     NODE_LOST = "node_lost"
     HEAD_READY = "head_ready"
@@ -179,7 +179,7 @@ class Event:
     HEAD_GONE = "head_gone"
     WORKER_LEAVING = "worker_leaving"
     WORKER_DRAINING = "worker_draining"
-    WORKER_DRAIN_FAILED = "worker_drain_failed"
+    WORKER_DRAIN_FAILED = "worker_drain_failed"  # `ray drain-node` failed: reason, log
     # a driver's (the worker's events under its own names)
     DRIVER_STARTING = "driver_starting"
     DRIVER_JOINED = "driver_joined"
@@ -190,11 +190,11 @@ class Event:
     STOP_REQUESTED = "stop_requested"  # before the scancel of a down
     SCALE_REQUEST = "scale_request"  # another process asks the owner to scale
     ADAPT_REQUEST = "adapt_request"  # ... to adapt (or to stop adapting)
-    SCALED = "scaled"
-    SCALE_REFUSED = "scale_refused"
-    ADAPT = "adapt"
-    ROTATED = "rotated"
-    ROTATION_FAILED = "rotation_failed"
+    SCALED = "scaled"  # a scale or adapt decision: nodes before and now, its cause
+    SCALE_REFUSED = "scale_refused"  # another process's scale_request, refused (adapting)
+    ADAPT = "adapt"  # adapt's reports: started, demand it cannot meet, …
+    ROTATED = "rotated"  # a walltime rotation's step (submitted, draining), its cause
+    ROTATION_FAILED = "rotation_failed"  # a replacement Slurm refused (reported once)
 
 
 class Phase:

@@ -153,8 +153,8 @@ _FIXES = {
 
 _SSH_MODE_FIX = (
     "submit from a login node instead, over SSH: set login_host (and login_user, ssh_key, "
-    'known_hosts), e.g. %config SlurmRay.login_host = "login1" (README: Configuration and '
-    "profiles, nested submission)"
+    'known_hosts), e.g. %config SlurmRay.login_host = "login1" (docs/admin/jupyterhub-ood.md: '
+    "a site that forbids submitting from jobs)"
 )
 
 

@@ -23,8 +23,8 @@ stream goes through in bounded memory. The rules of a careful client:
 
 Why not a maintained client: aiohttp's ``ClientSession`` (which this environment has) hands an
 answer the head sent while the connection sat idle in its pool to the next request
-(aio-libs/aiohttp#13656, still so in 3.14.5), and costs more CPU per proxied request (see the
-README's "Speed and footprint"); Tornado's curl client needs pycurl and bounds a request's whole
+(aio-libs/aiohttp#13656, still so in 3.14.5), and costs more CPU per proxied request (see
+docs/explanation/performance.md); Tornado's curl client needs pycurl and bounds a request's whole
 duration. llhttp does the parsing; this module keeps only the pool and the rules above.
 """
 

@@ -1,5 +1,5 @@
 """``jupyter slurm-ray list | down | logs | extend | scale | forget | gc | doctor``: the
-clusters, and whether they can work here, from a terminal."""
+clusters, and whether they can work here, from a terminal (``--version``: the package's)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from .. import installed_version
 from ..config import SlurmRay
 from ..errors import SlurmRayError
 from ..inventory import Orphan
@@ -17,7 +18,7 @@ from .adaptcommand import adapt_command
 from .arguments import NAME_HELP, add_adapt_arguments, add_arguments, add_scale_arguments
 from .magic_args import add_doctor_arguments, setup_lines, spec_arguments
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 Ask = Callable[[str], str]
 
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Ray clusters on Slurm started from Jupyter: list, stop, read logs, clean up. "
         "Settings come from JUPYTER_SLURM_RAY_* variables (e.g. JUPYTER_SLURM_RAY_LOGIN_HOST).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("list", help="every cluster in the registry, with Slurm's view of its job")
     _cluster_command(sub, "down", "stop a cluster (or --all)")
@@ -91,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     add_doctor_arguments(doctor)
     doctor.add_argument("--json", action="store_true", help="the checklist as JSON")
     return parser
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's parser (the documentation's reference shows its --help)."""
+    return _parser()
 
 
 def _cluster_command(

@@ -23,6 +23,7 @@ __all__ = [
     "HelpRequested",
     "add_doctor_arguments",
     "parse",
+    "parsers",
     "setup_lines",
     "spec_arguments",
 ]
@@ -268,6 +269,11 @@ def parse(line: str, *, cell: bool = False) -> argparse.Namespace:
     if cell and args.command != "up":
         raise ArgumentError("%%slurm_ray: only `%%slurm_ray up …` takes a cell body (setup lines)")
     return args
+
+
+def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The magic's parser and each subcommand's (the documentation's reference shows them)."""
+    return _build()
 
 
 SUBCOMMANDS: tuple[str, ...] = tuple(_build()[1])

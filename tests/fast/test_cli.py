@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,13 @@ def test_the_command_is_reachable_as_jupyter_subcommand():
     assert result.returncode == 0
     for command in ("list", "down", "logs", "gc"):
         assert command in result.stdout
+
+
+def test_version_is_the_installed_distributions(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"jupyter slurm-ray {version('jupyter-slurm-ray')}\n"
 
 
 def test_errors_are_one_line_with_status_1(site, slurm, capsys):

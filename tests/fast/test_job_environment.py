@@ -37,6 +37,7 @@ DEFAULTS_PRESENT = [
     "VIRTUAL_ENV",
     "HOME",
     "USER",
+    "LOGNAME",
     "TMPDIR",
     "LANG",
     "LC_ALL",
@@ -52,6 +53,24 @@ DEFAULTS_PRESENT = [
     "MODULES_CMD",
     "BASH_ENV",
 ]
+# What a login session of an ordinary user holds besides (su -l, ssh, a desktop's terminal).
+LOGIN_SESSION = {
+    "HOME": "/home/a",
+    "USER": "a",
+    "LOGNAME": "a",
+    "SHELL": "/bin/bash",
+    "MAIL": "/var/mail/a",
+    "TERM": "xterm-256color",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PWD": "/home/a",
+    "OLDPWD": "/home/a",
+    "SHLVL": "1",
+    "XDG_SESSION_ID": "4",
+    "XDG_RUNTIME_DIR": "/run/user/1000",
+    "MOTD_SHOWN": "pam",
+    "EDITOR": "vi",
+}
 TIME = {"time": "10"}
 
 
@@ -146,17 +165,24 @@ def test_export_env_is_a_setting_everywhere_a_setting_is(tmp_path):
 
 
 async def test_script_lists_exactly_what_goes(transport, monkeypatch, tmp_path):
-    for name, value in {**SECRETS, "FOO_SETTING": "on", "MYAPP_HOME": "/a"}.items():
+    # This process's environment is a login session's with secrets in it, whoever runs the
+    # test: only PATH (the probe runs sh and python3 through it) is kept of the real one.
+    for name in os.environ.keys() - {"PATH"}:
+        monkeypatch.delenv(name)
+    for name, value in {
+        **LOGIN_SESSION,
+        **SECRETS,
+        "FOO_SETTING": "on",
+        "MYAPP_HOME": "/a",
+    }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("LC_ALL", "C.UTF-8")
     spec = ClusterSpec(**TIME, job_dir_root=str(tmp_path / "jobs"), export_env=["FOO_SETTING"])
     script = await SlurmRayCluster(spec, transport).script_async()
     (line,) = [line for line in script.splitlines() if line.startswith("#SBATCH --export=")]
     exported = line.removeprefix("#SBATCH --export=").split(",")
-    # the names this process has that the allow-list admits, and only those
-    expected = sorted({n for n in os.environ if n in [*DEFAULTS_PRESENT, "FOO_SETTING"]})
-    assert exported == expected and "FOO_SETTING" in exported and "LC_ALL" in exported
-    assert not set(SECRETS) & set(exported) and "MYAPP_HOME" not in exported
+    # the default list's names (who: USER and LOGNAME), and what export_env names; no secret,
+    # nor the session's other variables (SHELL, MAIL, TERM, XDG_*, EDITOR, …)
+    assert exported == ["FOO_SETTING", "HOME", "LANG", "LC_ALL", "LOGNAME", "PATH", "USER"]
 
 
 # -- extra_sbatch: what would undo the cluster's guarantees ---------------------------------------
