@@ -226,6 +226,12 @@ class SlurmRayCluster:
         """This process's copy of the cluster's Ray token (0600), once connected."""
         return self._client.token_path
 
+    @property
+    def ca_path(self) -> str | None:
+        """This process's copy of the cluster's CA, once connected to a cluster with TLS: what
+        ``dashboard_url`` (the head's relay, https) must be checked against."""
+        return str(self._client.tls.ca) if self._client.tls is not None else None
+
     # -- lifecycle ------------------------------------------------------------------------
     @classmethod
     def from_record(

@@ -157,7 +157,7 @@ def test_logs_show_the_job_output_and_a_nodes_ray_log(started, run):
 def test_dashboard_gives_a_link(started, run):
     out, _, error = run("%slurm_ray dashboard")
     assert error is None
-    assert re.search(r"direct: http://10\.200\.0\.\d+:\d+/", out)
+    assert re.search(r"direct: https://10\.200\.0\.\d+:\d+/", out)  # the head's relay
 
 
 def test_disconnect_then_connect(started, run):

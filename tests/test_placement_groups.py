@@ -338,9 +338,11 @@ def finish(workload: subprocess.Popen, timeout: float) -> dict:
 def cluster_status(cluster: SlurmRayCluster) -> dict:
     """The dashboard's ``api/cluster_status`` answer (what adapt reads), with the token."""
     info = cluster.connection_info()
-    url = dashhttp.dashboard_url(info.head_ip, info.dashboard_port, "api/cluster_status")
+    path = "api/cluster_status"
+    url = dashhttp.dashboard_url(info.head_ip, info.dashboard_port, path, tls=info.tls)
     token = Path(f"{cluster.job_dir}/ray_token").read_text().strip()
-    return dashhttp.get_json(url, token)
+    ca = f"{cluster.job_dir}/tls/ca.crt" if info.tls else None  # the head's relay
+    return dashhttp.get_json(url, token, ca_file=ca)
 
 
 def record_payload(name: str, body: dict) -> None:

@@ -100,7 +100,7 @@ try:
     out["address"] = nodeaddr.node_address(config, None if chosen else nodeaddr.slurmctld_address())
 except jsr_base.BootstrapError as exc:
     out["address"], out["address_error"] = None, exc.reason
-out["openssl"] = jsr_base.run_text(["openssl", "version"]).strip() or None  # Ray's TLS
+out["openssl"] = " ".join(jsr_base.run_text(["openssl", "version"]).split()[:2]) or None  # TLS
 listing = jsr_base.run_text(["ip", "-o", "-4", "addr", "show"])
 pattern = r"^\\d+:\\s+(\\S+)\\s+inet (\\d+\\.\\d+\\.\\d+\\.\\d+)/"
 out["interfaces"] = re.findall(pattern, listing, re.M)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -32,11 +33,12 @@ def can_reach_directly(host: str, port: int) -> bool:
     return True
 
 
-def dashboard_status(url: str, token: str | None) -> int:
+def dashboard_status(url: str, token: str | None, ca: str | None) -> int:
     headers = {"X-Ray-Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url + "api/cluster_status", headers=headers)
+    context = ssl.create_default_context(cafile=ca) if ca else None  # the head's relay
     try:
-        with urllib.request.urlopen(request, timeout=20) as response:
+        with urllib.request.urlopen(request, timeout=20, context=context) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -69,8 +71,8 @@ def main() -> None:
         result["dashboard_url"] = url
         with open(cluster.token_path) as f:
             token = f.read().strip()
-        result["dashboard_with_token"] = dashboard_status(url, token)
-        result["dashboard_without_token"] = dashboard_status(url, None)
+        result["dashboard_with_token"] = dashboard_status(url, token, cluster.ca_path)
+        result["dashboard_without_token"] = dashboard_status(url, None, cluster.ca_path)
         result["forwards_while_up"] = len(transport.open_forwards)
     finally:
         status = cluster.down()
