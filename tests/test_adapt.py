@@ -262,8 +262,13 @@ def test_a_full_partition_keeps_max_pending_jobs_waiting_without_churn(cluster, 
         assert result["done"] == list(range(4))
         submitted, _ = adapt_moves(cluster, started)
         assert submitted[0] == waiting[0]  # the job that waited is the one that joined
-        assert any(e.get("worker_job") == waiting[0] for e in cluster.events
-                   if e.get("event") == "worker_joined")  # fmt: skip
+
+        def joined() -> bool:  # told once the head's nodes.json names its node: seconds later
+            cluster.refresh()
+            kinds = [e["event"] for e in cluster.events if e.get("worker_job") == waiting[0]]
+            return "worker_joined" in kinds
+
+        wait_for(joined, 30, "the waiting job's worker_joined")
         wait_for(
             lambda: cluster.refresh().nodes_wanted == 1 and not cluster.status.worker_jobs,
             90,

@@ -38,7 +38,7 @@ def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_
     assert seen["connect_reason"].startswith("auto: this kernel does not run in a Slurm job")
     assert len(seen["hosts"]) == 2 and set(seen["hosts"]) <= {"node1", "node2", "node3"}
     assert seen["hosts"] == sorted(set(seen["hosts"]))  # one task on each of two nodes
-    assert seen["dashboard_url"].startswith("http://127.0.0.1:")
+    assert seen["dashboard_url"].startswith("https://127.0.0.1:")  # the relay, forwarded
     assert seen["dashboard_with_token"] == 200
     assert seen["dashboard_without_token"] in (401, 403)
     assert seen["forwards_while_up"] == 2 and seen["forwards_after_down"] == 0

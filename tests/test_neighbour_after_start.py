@@ -35,6 +35,7 @@ from .helpers.bootstrap import (
     log,
     run_as_user,
     run_ray_client,
+    user_uid,
     wait_until_gone,
     write_as_user,
 )
@@ -69,14 +70,17 @@ def bobs(testbed) -> Iterator[list[Bob]]:
 
 
 # ----------------------------------------------------------------------------- alice's ports
-def ray_pids(temp_dir: str) -> list[int]:
+def ray_pids(temp_dir: str, uid: int | None = None) -> list[int]:
     """The Ray processes of the node whose temp dir this is: their environment names its
-    certificate (root reads it; nobody else's process does)."""
+    certificate (root reads it; nobody else's process does). ``uid``: only its processes are
+    read."""
     marker = f"={temp_dir}/tls/".encode()
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
+                if uid is not None and os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
                 environment = Path(f"/proc/{name}/environ").read_bytes()
             except OSError:
                 continue
@@ -86,21 +90,28 @@ def ray_pids(temp_dir: str) -> list[int]:
 
 
 def listening_ports(pids: list[int]) -> set[int]:
-    """The TCP ports these processes listen on (their own namespace's tables)."""
-    ports: set[int] = set()
+    """The TCP ports these processes (of one node: one network namespace) listen on: their
+    sockets, found in their namespace's tables, read once (a read walks every socket of the
+    host: milliseconds of CPU)."""
+    inodes: set[int] = set()
     for pid in pids:
         try:
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-            inodes = {int(link[8:-1]) for link in links if link.startswith("socket:[")}
-            rows = []
-            for table in ("tcp", "tcp6"):
-                rows += Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except (OSError, ValueError):
+        except OSError:
+            continue
+        inodes |= {int(link[8:-1]) for link in links if link.startswith("socket:[")}
+    ports: set[int] = set()
+    for pid in pids:
+        try:
+            rows = [*Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]]
+            rows += Path(f"/proc/{pid}/net/tcp6").read_text().splitlines()[1:]
+        except OSError:
             continue
         for row in rows:
             words = row.split()
             if len(words) > 9 and words[3] == LISTEN and int(words[9]) in inodes:
                 ports.add(int(words[1].rsplit(":", 1)[1], 16))
+        return ports  # one live process's view of the namespace is every one's
     return ports
 
 
@@ -116,30 +127,37 @@ def process_named(pids: list[int], name: str) -> int:
 
 class PortList:
     """The listening ports of a node's Ray, every one seen so far, in a file bob reads (the
-    test tells bob which ports are the cluster's: alice's other clusters are not his target)."""
+    test tells bob which ports are the cluster's: alice's other clusters are not his target).
+    The node's Ray processes are looked for every second, their listeners every 0.1 s."""
 
     def __init__(self, temp_dir: str) -> None:
         self.temp_dir = temp_dir
+        self.uid = user_uid()
         self.dir = Path(tempfile.mkdtemp(prefix="jsr-ports-", dir="/tmp"))
         self.dir.chmod(0o755)
         self.path = self.dir / "ports"
         self.ports: set[int] = set()
+        self.pids: list[int] = []
         self.running = True
-        self.write()
+        self.write(find=True)
         self.thread = threading.Thread(target=self.keep, daemon=True)
         self.thread.start()
 
-    def write(self) -> None:
-        self.ports |= listening_ports(ray_pids(self.temp_dir))
+    def write(self, find: bool) -> None:
+        if find:
+            self.pids = ray_pids(self.temp_dir, self.uid)
+        self.ports |= listening_ports(self.pids)
         tmp = self.dir / ".ports"
         tmp.write_text(" ".join(map(str, sorted(self.ports))))
         tmp.chmod(0o644)
         tmp.replace(self.path)
 
     def keep(self) -> None:
+        turn = 0
         while self.running:
-            self.write()
-            time.sleep(0.05)
+            self.write(find=turn % 10 == 0)
+            turn += 1
+            time.sleep(0.1)
 
     def stop(self) -> None:
         self.running = False

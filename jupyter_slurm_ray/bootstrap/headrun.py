@@ -59,6 +59,7 @@ from slurmenv import own_job_environment
 from workerstep import HereWorkers, WorkerStep
 
 WATCH_PERIOD = 2.0  # node-count poll period once ready (s)
+JOINING_WATCH = 60.0  # after a worker job's worker_starting: polled every API_PERIOD this long
 # Ray's and Python's versions as the nodes run them, and the seconds `import ray` takes there
 Versions = tuple[str | None, str | None, float | None]
 
@@ -83,6 +84,7 @@ class HeadRun(NodeRun):
         self.head_json: dict[str, object] = {}
         self.clients_told = False  # connection.json written for this attempt (head_ready)
         self.allocation_end: AllocationEnd | None = None  # mode 'here': the walltime warning
+        self.joining_until = 0.0  # a worker job started: alive nodes asked often until then
 
     def main(self) -> str:
         self.events.phase(Phase.BOOTSTRAP, job_id=job_id(), pid=os.getpid(), python=sys.executable)
@@ -313,6 +315,8 @@ class HeadRun(NodeRun):
     def note_worker_job(self, event: dict[str, object]) -> None:
         """Worker jobs seen (cancelled when the head ends); nodes leaving on purpose."""
         self.worker_jobs.add(str(event[WORKER_JOB_FIELD]))
+        if event.get("event") == Event.WORKER_STARTING:
+            self.joining_until = time.monotonic() + JOINING_WATCH
         node = event.get("node_id")
         if event.get("event") == Event.WORKER_LEAVING and isinstance(node, str):
             self.nodes.leaving.add(node)
@@ -463,7 +467,9 @@ class HeadRun(NodeRun):
             self.read_worker_events(ready=True)
             self.check_worker_step_after_ready()
             if time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + WATCH_PERIOD
+                # a worker job starting waits for nodes.json to name it: asked more often then
+                joining = time.monotonic() < self.joining_until
+                next_poll = time.monotonic() + (API_PERIOD if joining else WATCH_PERIOD)
                 self.check_still_ours()
                 self.watch_block()
                 alive = self.alive_nodes()
