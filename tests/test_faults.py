@@ -118,7 +118,8 @@ class TestTheController:
         seen: list[str] = []
         connected.add_observer(lambda status: seen.append(status_line(status)))
         killed = time.monotonic()
-        restart_controller(down_for=IDLE * 1.5)
+        # a poll while it is down (the steady pace, 15 s, may fall on either side of it)
+        restart_controller(down_for=IDLE * 1.5, while_down=connected.refresh)
         back = time.monotonic() - killed
         wait_for(lambda: connected.status.slurm_unreachable_since is None, 60, "Slurm's answer")
         assert connected.state is State.CONNECTED and in_queue(connected.job_id)

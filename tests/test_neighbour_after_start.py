@@ -245,7 +245,9 @@ def test_a_dead_raylets_ports_taken_by_the_neighbour_get_no_byte_of_the_token(
         f"ports, was connected to {len(accepted)} times"
         + (f", first {first - killed_at:.2f} s after the kill" if first else "")
     )
-    assert taken and accepted, bob.log()  # the attack was real: held, and connected to
+    assert taken, bob.log()  # the attack was real: he held the freed ports
+    if role == "worker":  # the head calls a dead worker's raylet within a second (measured)
+        assert accepted, bob.log()
     assert_no_token_reached(bob, tokens.stop())
     assert_only_handshakes(bob)
     tried = assert_what_bob_got_opens_nothing(bob, connection)

@@ -161,9 +161,10 @@ def _connection(
 def _body(reply: http.client.HTTPResponse, deadline: float, max_bytes: int) -> bytes:
     """The reply's body, read by the deadline and refused beyond ``max_bytes``.
 
-    The socket's timeout (set before the request) bounds each read: once the reply owns the
-    connection it is never touched again (on Python 3.13 the connection's socket object is
-    closed by then, its descriptor kept by the reply)."""
+    The socket's timeout (set before the request) bounds each read: the socket is never
+    touched once the reply owns it (Ray's dashboard answers ``Connection: close``, and on
+    Python 3.13 the reply then closes itself and its socket once the body is read: a read
+    after that returns nothing)."""
     declared = reply.getheader("Content-Length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise DashboardHTTPError(f"a reply of {declared} bytes is over {max_bytes}", reply.status)

@@ -62,8 +62,12 @@ def send(handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes, 
 
 
 def json_answer(payload: object, status: int = 200) -> Answer:
+    """As Ray's dashboard answers: JSON, and ``Connection: close`` (on Python 3.13 the reply
+    then closes itself, and its socket, once the body is read)."""
     body = json.dumps(payload).encode()
-    return lambda handler: send(handler, status, body, Content_Type="application/json")
+    return lambda handler: send(
+        handler, status, body, Content_Type="application/json", Connection="close"
+    )
 
 
 @pytest.fixture

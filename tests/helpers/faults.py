@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .paths import ARTIFACTS
@@ -44,12 +44,16 @@ def controller_paused() -> Iterator[int]:
         wait_for(slurm_answers, 60, "slurmctld to answer again", step=1)
 
 
-def restart_controller(down_for: float) -> None:
-    """Kill slurmctld (SIGKILL: no goodbye), wait, start it again from its saved state."""
+def restart_controller(down_for: float, while_down: Callable[[], object] | None = None) -> None:
+    """Kill slurmctld (SIGKILL: no goodbye), wait (calling ``while_down`` once meanwhile),
+    start it again from its saved state."""
     pid = daemon_pid("slurmctld")
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "slurmctld to die", step=0.1)
-    time.sleep(down_for)
+    down_since = time.monotonic()
+    if while_down is not None:
+        while_down()
+    time.sleep(max(0.0, down_for - (time.monotonic() - down_since)))
     subprocess.run(["slurmctld"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
     wait_for(slurm_answers, 60, "the restarted slurmctld to answer", step=1)
 
