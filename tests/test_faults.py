@@ -114,6 +114,7 @@ class TestTheController:
             cluster_ended=False,
         )
 
+    @pytest.mark.compat
     def test_a_restarted_controller_never_ends_a_connected_cluster(self, connected):
         seen: list[str] = []
         connected.add_observer(lambda status: seen.append(status_line(status)))
@@ -217,6 +218,7 @@ def test_a_killed_kernels_worker_jobs_end_with_its_head(registry, testbed):
 
 
 # -- nodes --------------------------------------------------------------------------------------
+@pytest.mark.compat
 @pytest.mark.solo  # a node DOWN ends every job on it
 def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry, solo_nodes):
     cluster = new_cluster(registry, nodes=2, partition=SOLO)

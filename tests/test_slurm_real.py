@@ -22,7 +22,7 @@ from jupyter_slurm_ray.transport import CommandResult, LocalTransport, Transport
 from .helpers.jobs import submit_script
 from .helpers.testbed import SOLO, runuser
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.compat]
 
 
 async def submit(
