@@ -115,6 +115,30 @@ remove_cgroup_subtrees() {
   done < <(cgroup_v1_controllers)
 }
 
+# The CPU to make the flavour's mount namespace on. Linux (6.18 here) hands namespace ids out
+# in batches per CPU, and refuses to bind-mount a mount namespace whose id is not above the
+# binder's (mnt_ns_loop: "wrong fs type", EINVAL). job_container/tmpfs binds each job's new
+# namespace from slurmstepd, in the flavour's: made on the other CPU, with ids from a lower
+# batch, a job failed to start ("ns base mount failed: Invalid argument", then "launch failed
+# requeued held"), always on one CPU, never on the other. Made on the CPU whose batch is
+# lowest, the flavour's namespace is below every later one. Empty when the kernel has no
+# NS_GET_MNTNS_ID (older kernels number namespaces in order).
+lowest_id_cpu() {
+  python3 - <<'EOF'
+import os, subprocess
+probe = ("import fcntl, os, struct; fd = os.open('/proc/self/ns/mnt', os.O_RDONLY); "
+         "print(struct.unpack('Q', fcntl.ioctl(fd, 0x8008B705, bytes(8)))[0])")  # NS_GET_MNTNS_ID
+ids = {}
+for cpu in sorted(os.sched_getaffinity(0)):
+    done = subprocess.run(["taskset", "-c", str(cpu), "unshare", "-m", "python3", "-c", probe],
+                          capture_output=True, text=True)
+    if done.returncode == 0 and done.stdout.strip().isdigit():
+        ids[cpu] = int(done.stdout)
+if ids:
+    print(min(ids, key=ids.get))
+EOF
+}
+
 # mntns_up: the flavour's mount namespace (see the top of this file), unless it exists
 mntns_up() {
   mntns_alive && return 0
@@ -127,7 +151,9 @@ mntns_up() {
   touch "$MNTNS" "$CGNS"
   ensure_cgroup_subtrees
   install -d -m 0755 "$ROOT$CHECKOUT" "$ROOT$RUN"
-  local binds=() c
+  local binds=() c pin=()
+  c=$(lowest_id_cpu)
+  [[ -z $c ]] || pin=(taskset -c "$c")
   while read -r c; do
     binds+=("mount --bind /sys/fs/cgroup/$c/$CGROUP_NAME $ROOT/sys/fs/cgroup/$c")
   done < <(cgroup_v1_controllers)
@@ -137,7 +163,7 @@ mntns_up() {
     while read -r c; do
       echo "$BASHPID" >"/sys/fs/cgroup/$c/$CGROUP_NAME/cgroup.procs"
     done < <(cgroup_v1_controllers)
-    exec unshare --cgroup="$CGNS" --mount="$MNTNS" --propagation private sh -euc "
+    exec "${pin[@]}" unshare --cgroup="$CGNS" --mount="$MNTNS" --propagation private sh -euc "
     mount --bind '$ROOT' '$ROOT'
     mount -t proc proc '$ROOT/proc'
     mount --rbind /sys '$ROOT/sys'
