@@ -178,7 +178,8 @@ def test_a_bad_network_interface_is_the_one_failure(site_env):
     assert list(failures(report)) == ["address"], report
     address = failures(report)["address"]
     assert "network_interface ib0 has no IPv4 address" in address["detail"]
-    assert "set network_interface" in address["fix"] and f"eth0 {node_ip(1).rpartition('.')[0]}." in address["fix"]
+    subnet = node_ip(1).rpartition(".")[0]
+    assert "set network_interface" in address["fix"] and f"eth0 {subnet}." in address["fix"]
 
 
 def test_a_job_dir_root_only_the_login_side_mounts_is_the_one_failure(site_env, shared_dir):
