@@ -149,28 +149,30 @@ repair_env_file() { env_lines | write_file "$R$ENV_FILE" 0644; }
 
 # repair DRY_RUN: say what is unhealthy and repair each part that has a repair, in the order
 # found (daemons before the nodes and associations that need them); up to three rounds, as a
-# part may only show once another answers again (a DOWN node once slurmctld runs). 0 if
-# healthy at the end.
+# part may only show once another answers again (a DOWN node once slurmctld runs), and none
+# once a round changed nothing. 0 if healthy at the end.
 repair() {
-  local dry_run=$1 round i fixed waited=0
+  local dry_run=$1 round i wait before='' now
   for ((round = 1; round <= 3; round++)); do
+    now=$(printf '%s\n' "${PROBLEMS[@]}")
+    [[ $now != "$before" ]] || break   # the last round's repairs did not help
+    before=$now
     log "unhealthy:"
     for i in "${!PROBLEMS[@]}"; do
       if [[ -n ${FIXES[$i]} ]]; then log "  - ${PROBLEMS[$i]} -> repair: ${FIXES[$i]}"
-      else log "  - ${PROBLEMS[$i]} (no repair but a restart)"; fi
+      else log "  - ${PROBLEMS[$i]} (no repair of its own)"; fi
     done
     ((dry_run)) && return 1
-    fixed=0
+    [[ -n $(printf '%s' "${FIXES[@]}") ]] || break
     for i in "${!PROBLEMS[@]}"; do
       [[ -n ${FIXES[$i]} ]] || continue
       # shellcheck disable=SC2086  # a command and its words
-      if ${FIXES[$i]} >/dev/null; then fixed=1; else log "repair failed: ${FIXES[$i]}"; fi
+      ${FIXES[$i]} >/dev/null || log "repair failed: ${FIXES[$i]}"
     done
-    ((fixed)) || break
-    # restarted daemons register, resumed nodes turn idle: up to 30 s
-    for ((waited = 0; waited < 60; waited++)); do
+    # restarted daemons register, resumed nodes turn idle: checked after 1, 2, 4, 8 and 15 s
+    for wait in 1 1 2 4 7; do
+      sleep "$wait"
       check_health 0 && { log "healthy again (round $round)"; return 0; }
-      sleep 0.5
     done
   done
   log "still unhealthy:"
