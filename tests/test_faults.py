@@ -86,6 +86,7 @@ def connected(registry):
     down_and_record(cluster, "slurmctld paused, then killed and restarted")
 
 
+@pytest.mark.compat
 @pytest.mark.exclusive  # slurmctld paused and restarted
 class TestTheController:
     """Faults of slurmctld under one connected cluster."""
@@ -114,7 +115,6 @@ class TestTheController:
             cluster_ended=False,
         )
 
-    @pytest.mark.compat
     def test_a_restarted_controller_never_ends_a_connected_cluster(self, connected):
         seen: list[str] = []
         connected.add_observer(lambda status: seen.append(status_line(status)))
