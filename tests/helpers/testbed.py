@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 
 from jupyter_slurm_ray.transport import SSHTransport
@@ -21,6 +22,11 @@ CLUSTER_NET = ipaddress.ip_network(os.environ.get("JSR_CLUSTER_NET", "10.200.0.0
 
 #: The login node's address on the laptop side (``$JSR_SSH_HOST``).
 SSH_HOST = os.environ.get("JSR_SSH_HOST", "10.201.0.2")
+
+
+def node_ip_pattern() -> str:
+    """A regular expression for any address of the compute network (a /24)."""
+    return re.escape(node_ip(0).rpartition(".")[0]) + r"\.\d+"
 
 
 def node_ip(index: int) -> str:
