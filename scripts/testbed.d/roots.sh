@@ -220,6 +220,16 @@ in_root() {
   nsenter --mount="$MNTNS" --cgroup="$CGNS" "${net[@]}" -- "$@"
 }
 
+# this machine's CA bundle trusted in the root too: a site's TLS proxy may sign PyPI's
+# certificate (pip of the venv's build, of scripts/pack-venv, of the hub's venv in there)
+trust_host_cas() {
+  local mine=/usr/local/share/ca-certificates/jsr-host-bundle.crt
+  cmp -s /etc/ssl/certs/ca-certificates.crt "$ROOT$mine" && return 0
+  install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$ROOT$mine"
+  in_root update-ca-certificates >/dev/null 2>&1 ||
+    log "warning: update-ca-certificates failed in the root"
+}
+
 # ------------------------------------------------------------ the project's venv in the root
 
 # the Ray version of the host's venv (the one the package pins), else of pyproject.toml
