@@ -99,6 +99,7 @@ def sbatch_calls(commands: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
         ),
     ],
 )
+@pytest.mark.compat
 def test_a_request_over_a_limit_is_refused_before_submitting(run, recording, options, expected):
     name = "r" + uuid.uuid4().hex[:8]
     before = len(recording.commands)
@@ -207,6 +208,7 @@ def sacct_expectation(job_id: str) -> dict:
     }
 
 
+@pytest.mark.compat
 def test_the_usage_of_a_known_workload_matches_sacct(connected, run, capfd):
     import ray
 

@@ -42,7 +42,7 @@ from .helpers.bootstrap import (
 from .helpers.clusters import processes_of
 from .helpers.faults import record_figure
 from .helpers.jobs import queue_state
-from .helpers.testbed import USER
+from .helpers.testbed import USER, node_ip
 
 # One worker runs every test where bob squats ports or holds the nodes' shared port lock: two
 # such tests at once would each see the other's bob.
@@ -54,7 +54,7 @@ portblock = bootstrap_module("portblock")
 
 SHARED = Path("/tmp/jupyter-slurm-ray-ports")
 BOB = "bob"
-NODE3_IP = "10.200.0.13"
+NODE3_IP = node_ip(3)
 
 
 # ------------------------------------------------------- checks as root, with bob

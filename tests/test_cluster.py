@@ -65,6 +65,7 @@ def one_node(registry):
     cluster.down()
 
 
+@pytest.mark.compat
 def test_up_reports_every_state_in_order_and_connects(one_node):
     states = list(dict.fromkeys(one_node.seen))
     assert states == [State.PENDING, State.STARTING, State.READY, State.CONNECTED]
@@ -178,6 +179,7 @@ def test_scancel_from_outside_is_cancelled_and_ray_calls_fail_fast(one_node):
     wait_until_nothing_left(one_node.job_id, one_node.job_dir)
 
 
+@pytest.mark.compat
 def test_three_nodes_run_one_task_each_and_down_leaves_nothing(registry):
     cluster = new_cluster(registry, nodes=3)
     try:

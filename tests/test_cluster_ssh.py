@@ -19,6 +19,7 @@ from .helpers.paths import child_environment
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 
+@pytest.mark.compat
 def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_path, testbed):
     laptop = os.environ["JSR_LAPTOP_NETNS"]
     session = ["nsenter", f"--net={laptop}", sys.executable, "-m", "tests.helpers.laptop_session"]

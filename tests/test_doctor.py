@@ -34,7 +34,7 @@ from .helpers.ipyshell import MagicShell
 from .helpers.jobs import in_queue
 from .helpers.paths import VENV_PYTHON, child_environment
 from .helpers.site import cancel_recorded_jobs, configured_site
-from .helpers.testbed import USER, runuser
+from .helpers.testbed import USER, node_ip, runuser
 from .test_containers import IMAGE, needs_image
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -178,7 +178,8 @@ def test_a_bad_network_interface_is_the_one_failure(site_env):
     assert list(failures(report)) == ["address"], report
     address = failures(report)["address"]
     assert "network_interface ib0 has no IPv4 address" in address["detail"]
-    assert "set network_interface" in address["fix"] and "eth0 10.200.0." in address["fix"]
+    subnet = node_ip(1).rpartition(".")[0]
+    assert "set network_interface" in address["fix"] and f"eth0 {subnet}." in address["fix"]
 
 
 def test_a_job_dir_root_only_the_login_side_mounts_is_the_one_failure(site_env, shared_dir):

@@ -78,6 +78,7 @@ def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict, nodes: int) -> N
         assert slurm in ([], ["SLURM_CONF"]), (pid, slurm)
 
 
+@pytest.mark.compat
 def test_a_kernel_in_a_job_is_a_ray_driver_and_down_leaves_nothing(testbed):
     job = NotebookJob.submit(
         PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "down", AWAY_FROM_THE_KERNEL

@@ -86,6 +86,7 @@ def connected(registry):
     down_and_record(cluster, "slurmctld paused, then killed and restarted")
 
 
+@pytest.mark.compat
 @pytest.mark.exclusive  # slurmctld paused and restarted
 class TestTheController:
     """Faults of slurmctld under one connected cluster."""
@@ -218,6 +219,7 @@ def test_a_killed_kernels_worker_jobs_end_with_its_head(registry, testbed):
 
 
 # -- nodes --------------------------------------------------------------------------------------
+@pytest.mark.compat
 @pytest.mark.solo  # a node DOWN ends every job on it
 def test_a_node_set_down_is_node_fail_naming_it_without_requeue(registry, solo_nodes):
     cluster = new_cluster(registry, nodes=2, partition=SOLO)

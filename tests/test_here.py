@@ -142,6 +142,7 @@ def test_requests_the_allocation_cannot_hold_are_refused_before_anything_starts(
     assert queue_state(notebook.job_id) == "RUNNING"
 
 
+@pytest.mark.compat
 def test_up_here_runs_a_task_on_each_host_and_down_leaves_the_allocation(notebook, solo_nodes):
     up = notebook.ask("up", 300)
     job_id, job_dir = up["job_id"], up["job_dir"]

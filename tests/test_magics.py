@@ -26,6 +26,7 @@ from .helpers.ipyshell import one_line_error
 from .helpers.jobs import batch_script, job_fields, jobs_named
 from .helpers.notebook import NotebookKernel as Kernel
 from .helpers.site import configured_site
+from .helpers.testbed import node_ip_pattern
 from .helpers.waiting import wait_for
 
 pytestmark = pytest.mark.testbed
@@ -157,7 +158,7 @@ def test_logs_show_the_job_output_and_a_nodes_ray_log(started, run):
 def test_dashboard_gives_a_link(started, run):
     out, _, error = run("%slurm_ray dashboard")
     assert error is None
-    assert re.search(r"direct: https://10\.200\.0\.\d+:\d+/", out)  # the head's relay
+    assert re.search(rf"direct: https://{node_ip_pattern()}:\d+/", out)  # the head's relay
 
 
 def test_disconnect_then_connect(started, run):

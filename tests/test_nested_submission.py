@@ -64,6 +64,7 @@ def _event(work: Path, name: str, notebook_job: str) -> dict | None:
     return found
 
 
+@pytest.mark.compat
 def test_a_kernel_inside_a_slurm_job_brings_up_a_two_node_cluster(testbed):
     work = Path(f"/home/{USER}/.jsr-nested-{uuid.uuid4().hex[:8]}")
     run_as_user("mkdir", "-m", "700", str(work))

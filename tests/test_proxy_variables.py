@@ -31,12 +31,12 @@ from .helpers.clusters import wait_until_nothing_left
 from .helpers.paths import VENV_ACTIVATE, child_environment
 from .helpers.proxyrecorder import proxy_environment, recorder_argv
 from .helpers.server import JupyterServer, jupyter_server
-from .helpers.testbed import runuser
+from .helpers.testbed import node_ip, runuser
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
-BOB_NODE, BOB_IP = 3, "10.200.0.13"
+BOB_NODE, BOB_IP = 3, node_ip(3)
 NODES = 2
 #: What Ray 2.60's dashboard sends where the job's proxy settings say although usage stats are
 #: off (``RAY_USAGE_STATS_ENABLED=0``): cloud metadata probes, then a "usage stats disabled"

@@ -15,7 +15,7 @@ import pytest
 
 from jupyter_slurm_ray.errors import CommandError, TransportError
 
-from .helpers.testbed import ssh_transport
+from .helpers.testbed import SSH_HOST, node_ip, ssh_transport
 
 pytestmark = pytest.mark.testbed
 
@@ -119,7 +119,7 @@ async def test_ssh_wrong_key_is_refused_clearly(testbed, tmp_path):
 
 @pytest.mark.parametrize(
     ("host", "port", "message"),
-    [("10.200.0.99", 22, "no answer within 3 s"), ("10.201.0.2", 2, "cannot connect")],
+    [(node_ip(89), 22, "no answer within 3 s"), (SSH_HOST, 2, "cannot connect")],
     ids=["silent-host", "closed-port"],
 )
 async def test_ssh_unreachable_host_fails_in_bounded_time(testbed, host, port, message):
@@ -156,7 +156,7 @@ def echo_server_on_node1(testbed):
     """A TCP echo server as the test user inside node1 (reachable from the login node only)."""
     code = (
         "import socket,sys\n"
-        "s=socket.socket(); s.bind(('10.200.0.11',0)); s.listen()\n"
+        f"s=socket.socket(); s.bind(({node_ip(1)!r},0)); s.listen()\n"
         "print(s.getsockname()[1], flush=True)\n"
         "c,_=s.accept(); c.sendall(c.recv(100).upper()); c.close()\n"
     )
@@ -173,7 +173,7 @@ def echo_server_on_node1(testbed):
 
 
 async def test_ssh_forwards_a_local_port_to_a_compute_node(ssh, echo_server_on_node1):
-    fwd = await ssh.forward("10.200.0.11", echo_server_on_node1)
+    fwd = await ssh.forward(node_ip(1), echo_server_on_node1)
     assert fwd.local_host == "127.0.0.1" and fwd.local_port != echo_server_on_node1
     reader, writer = await asyncio.open_connection(fwd.local_host, fwd.local_port)
     writer.write(b"hello")

@@ -62,6 +62,7 @@ def cluster(tmp_path_factory, solo_nodes):
     subprocess.run(["scancel", *leftover], check=False, capture_output=True)
 
 
+@pytest.mark.compat
 def test_a_gpu_group_on_another_partition_runs_the_tasks_sent_to_it(cluster):
     cluster.scale(1, group="gpu")
     (job,) = cluster.workers.active("gpu")
@@ -136,6 +137,7 @@ def test_a_group_slurm_refuses_is_one_line_naming_it_and_changes_nothing(cluster
     assert [e for e in cluster.events if e.get("event") == "scaled"] == scaled
 
 
+@pytest.mark.compat
 def test_down_leaves_nothing(cluster):
     job_ids = list(cluster.workers.jobs)
     cluster.down()

@@ -17,7 +17,9 @@ SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually exclusive``). So:
   the workers, started by that step, do not.
 
 Standard library only: shipped in the job dir with the bootstrap, imported by the package too.
-The lists are Slurm 22.05's man pages (checked against them by a fast test).
+The lists are the man pages of Slurm 22.05, 24.11 and 26.05 (tests/resources/slurm-output/;
+checked against them by a fast test): an input variable any of them sets for a batch job is
+the job's own in every release.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ INPUT_NAMES = frozenset({"PMI_FANOUT", "PMI_FANOUT_OFF_HOST", "PMI_TIME", "SLURM
 KEPT = frozenset({"SLURM_CONF"})
 #: The SLURM_* input variables that Slurm never sets in a batch job's environment (the others,
 #: such as SLURM_JOB_ID or SLURM_MEM_PER_NODE, are listed by sbatch's man page as the job's
-#: own "OUTPUT ENVIRONMENT VARIABLES"): inside the cluster's job they came from outside.
+#: own "OUTPUT ENVIRONMENT VARIABLES", in 22.05, 24.11 or 26.05): inside the cluster's job they
+#: came from outside: SLURM_JSON and SLURM_YAML (26.05: how --json/--yaml output is laid out),
+#: SLURM_TRES_BIND (24.11: binds a step's tasks). SLURM_NETWORK is a 26.05 job's own.
 FOREIGN_IN_A_JOB = frozenset(
     {
         "SLURM_ACCOUNT", "SLURM_ACCTG_FREQ", "SLURM_BCAST", "SLURM_BCAST_EXCLUDE",
@@ -63,8 +67,8 @@ FOREIGN_IN_A_JOB = frozenset(
         "SLURM_CPU_FREQ_REQ", "SLURM_DEBUG", "SLURM_DEBUG_FLAGS", "SLURM_DELAY_BOOT",
         "SLURM_DEPENDENCY", "SLURM_DISABLE_STATUS", "SLURM_EPILOG", "SLURM_EXACT",
         "SLURM_EXCLUSIVE", "SLURM_EXIT_ERROR", "SLURM_EXIT_IMMEDIATE", "SLURM_GRES",
-        "SLURM_GRES_FLAGS", "SLURM_HINT", "SLURM_IMMEDIATE", "SLURM_KILL_BAD_EXIT",
-        "SLURM_LABELIO", "SLURM_MEM_BIND", "SLURM_MPI_TYPE", "SLURM_NETWORK", "SLURM_NO_KILL",
+        "SLURM_GRES_FLAGS", "SLURM_HINT", "SLURM_IMMEDIATE", "SLURM_JSON", "SLURM_KILL_BAD_EXIT",
+        "SLURM_LABELIO", "SLURM_MEM_BIND", "SLURM_MPI_TYPE", "SLURM_NO_KILL",
         "SLURM_OPEN_MODE", "SLURM_OVERLAP", "SLURM_PARTITION", "SLURM_PMI_KVS_NO_DUP_KEYS",
         "SLURM_POWER", "SLURM_PROLOG", "SLURM_QOS", "SLURM_REMOTE_CWD", "SLURM_REQ_SWITCH",
         "SLURM_RESERVATION", "SLURM_RESV_PORTS", "SLURM_SEND_LIBS", "SLURM_SIGNAL",
@@ -72,9 +76,10 @@ FOREIGN_IN_A_JOB = frozenset(
         "SLURM_STDINMODE", "SLURM_STDOUTMODE", "SLURM_STEP_GRES",
         "SLURM_STEP_KILLED_MSG_NODE_ID", "SLURM_TASK_EPILOG", "SLURM_TASK_PROLOG",
         "SLURM_TEST_EXEC", "SLURM_THREADS", "SLURM_THREAD_SPEC", "SLURM_TIMELIMIT",
-        "SLURM_TIME_FORMAT", "SLURM_TOPO_LEN", "SLURM_UMASK", "SLURM_UNBUFFEREDIO",
+        "SLURM_TIME_FORMAT", "SLURM_TOPO_LEN", "SLURM_TRES_BIND", "SLURM_UMASK",
+        "SLURM_UNBUFFEREDIO",
         "SLURM_USE_MIN_NODES", "SLURM_WAIT", "SLURM_WAIT4SWITCH", "SLURM_WCKEY",
-        "SLURM_WORKING_DIR",
+        "SLURM_WORKING_DIR", "SLURM_YAML",
     }
 )  # fmt: skip
 

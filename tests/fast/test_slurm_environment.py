@@ -1,6 +1,7 @@
 """Nested submission: no Slurm variable of an enclosing job reaches the Slurm commands the
 package runs (kernel side, over SSH, inside the cluster's own job), checked against the lists
-in Slurm's man pages (the installed ones when present, else the committed extract)."""
+in Slurm's man pages: each release's extract (tests/resources/slurm-output/<version>/, written
+by scripts/capture-slurm-output from that release's man pages), and the installed ones."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from jupyter_slurm_ray.transport import (
 from ..helpers.bootstrap import bootstrap_module
 from ..helpers.paths import REPO
 
-EXTRACT = REPO / "tests" / "resources" / "slurm-22.05-environment-variables.json"
+EXTRACTS = sorted(
+    (REPO / "tests" / "resources" / "slurm-output").glob("*/environment-variables.json")
+)
 MAN_DIR = Path("/usr/share/man/man1")
 COMMANDS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "sacct", "scancel", "sinfo")
 INPUT_SECTIONS = {"INPUT ENVIRONMENT VARIABLES", "ENVIRONMENT VARIABLES"}
@@ -77,10 +80,14 @@ def _installed(command: str, sections: set[str]) -> list[str] | None:
 
 
 def _sources() -> list[tuple[str, dict[str, list[str]], list[str]]]:
-    """(name, input variables per command, sbatch's output variables): the committed extract
-    of Slurm 22.05, and the installed man pages when this machine has them."""
-    extract = json.loads(EXTRACT.read_text())
-    found = [("extract " + extract["slurm_version"], extract["input"], extract["sbatch_output"])]
+    """(name, input variables per command, sbatch's output variables): each release's
+    committed extract, and the installed man pages when this machine has them."""
+    found = []
+    for path in EXTRACTS:
+        extract = json.loads(path.read_text())
+        found.append(
+            ("extract " + extract["slurm_version"], extract["input"], extract["sbatch_output"])
+        )
     installed = {c: _installed(c, INPUT_SECTIONS) for c in (*COMMANDS, "sacctmgr")}
     output = _installed("sbatch", {"OUTPUT ENVIRONMENT VARIABLES"})
     if output is not None and all(names is not None for names in installed.values()):
@@ -96,19 +103,30 @@ def man_pages(request) -> tuple[dict[str, list[str]], list[str]]:
     return request.param[1], request.param[2]
 
 
-def test_the_extract_names_its_source_and_every_command():
-    extract = json.loads(EXTRACT.read_text())
-    assert extract["slurm_version"] == "22.05.8" and "man" in extract["source"]
-    assert set(extract["input"]) == {*COMMANDS, "sacctmgr"}
-    assert len(extract["input"]["srun"]) > 90 and "SLURM_MEM_PER_NODE" in extract["sbatch_output"]
+#: What Slurm sets for a batch job in any release: it stays inside the cluster's own job,
+#: whichever release runs it (SLURM_GPUS_PER_TASK is 22.05's, SLURM_NETWORK 26.05's).
+EVERY_JOBS_OWN = frozenset(name for source in SOURCES for name in source[2])
+
+
+def test_each_extract_names_its_source_and_every_command():
+    versions = []
+    for path in EXTRACTS:
+        extract = json.loads(path.read_text())
+        assert extract["slurm_version"] == path.parent.name and "man" in extract["source"]
+        assert set(extract["input"]) == {*COMMANDS, "sacctmgr"}
+        assert len(extract["input"]["srun"]) > 90
+        assert "SLURM_MEM_PER_NODE" in extract["sbatch_output"]
+        versions.append(extract["slurm_version"].rsplit(".", 1)[0])
+    assert {"22.05", "24.11", "26.05"} <= set(versions)
 
 
 def test_the_man_pages_are_read_as_lists_of_names(man_pages):
     inputs, output = man_pages
-    assert "SLURM_MEM_PER_NODE" in inputs["srun"] and "SRUN_CPUS_PER_TASK" in inputs["srun"]
+    assert "SLURM_MEM_PER_NODE" in inputs["srun"] and "SLURM_JOB_ID" in output
+    # srun's CPUs per task: SRUN_CPUS_PER_TASK in 22.05, SLURM_CPUS_PER_TASK from 23.11 on
+    assert {"SRUN_CPUS_PER_TASK", "SLURM_CPUS_PER_TASK"} & set(inputs["srun"])
     assert "SQUEUE_FORMAT" in inputs["squeue"] and "SCANCEL_INTERACTIVE" in inputs["scancel"]
     assert "SBATCH_CLUSTERS" in inputs["sbatch"] and "SLURM_CLUSTERS" in inputs["sbatch"]
-    assert "SLURM_JOB_ID" in output
 
 
 def test_every_input_variable_of_every_command_is_removed_outside_a_job(man_pages):
@@ -125,7 +143,7 @@ def test_inside_the_job_only_the_jobs_own_input_variables_stay(man_pages):
     for command, names in inputs.items():
         for name in names:
             removed = slurmenv.is_slurm_input(name, in_own_job=True)
-            own = name in job_own or name in slurmenv.KEPT
+            own = name in EVERY_JOBS_OWN or name in slurmenv.KEPT
             # an input Slurm sets for a batch job stays (srun --overlap needs SLURM_JOB_ID…),
             # every other one came from outside the job and goes
             assert removed is not (own and name.startswith("SLURM_")), (command, name)
@@ -133,9 +151,14 @@ def test_inside_the_job_only_the_jobs_own_input_variables_stay(man_pages):
 
 
 def test_the_foreign_list_is_exactly_the_man_pages_not_more():
-    inputs, job_own = SOURCES[0][1], SOURCES[0][2]
-    slurm_inputs = {name for names in inputs.values() for name in names if name[:6] == "SLURM_"}
-    assert slurm_inputs - set(job_own) - slurmenv.KEPT == slurmenv.FOREIGN_IN_A_JOB
+    slurm_inputs = {
+        name
+        for _, inputs, _ in SOURCES
+        for names in inputs.values()
+        for name in names
+        if name.startswith("SLURM_")
+    }
+    assert slurm_inputs - EVERY_JOBS_OWN - slurmenv.KEPT == slurmenv.FOREIGN_IN_A_JOB
 
 
 def _outer_job_everywhere(monkeypatch, man_pages) -> None:

@@ -6,13 +6,34 @@ as the unprivileged test user through ``runuser``, or logs in as that user over 
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from dataclasses import dataclass
 
 from jupyter_slurm_ray.transport import SSHTransport
 
 #: The unprivileged test user (``$JSR_USER`` inside the testbed).
 USER = os.environ.get("JSR_USER", "alice")
+
+#: The testbed's compute network (``$JSR_CLUSTER_NET``: each flavour of scripts/testbed has its
+#: own; the host's, bookworm, 10.200.0.0/24).
+CLUSTER_NET = ipaddress.ip_network(os.environ.get("JSR_CLUSTER_NET", "10.200.0.0/24"))
+
+#: The login node's address on the laptop side (``$JSR_SSH_HOST``).
+SSH_HOST = os.environ.get("JSR_SSH_HOST", "10.201.0.2")
+
+
+def node_ip_pattern() -> str:
+    """A regular expression for any address of the compute network (a /24)."""
+    return re.escape(node_ip(0).rpartition(".")[0]) + r"\.\d+"
+
+
+def node_ip(index: int) -> str:
+    """The address of ``node<index>`` (scripts/testbed gives node I the host part 10 + I); with
+    an index no node has, an address of the compute network that nothing answers."""
+    return str(CLUSTER_NET.network_address + 10 + index)
+
 
 #: The partition of the testbed's solo nodes (``scripts/testbed up -s``), which no other
 #: partition holds but ``solo-short``: the tests marked ``solo`` take every node of it, one
