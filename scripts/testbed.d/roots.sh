@@ -143,11 +143,15 @@ EOF
 mntns_up() {
   mntns_alive && return 0
   install -d -m 0755 "$MNT_DIR"
-  # the file that holds a mount namespace must not be on a shared mount
-  if ! mountpoint -q "$MNT_DIR"; then
-    mount --bind "$MNT_DIR" "$MNT_DIR"
-    mount --make-private "$MNT_DIR"
-  fi
+  # the file that holds a mount namespace must not be on a shared mount; flavours start side
+  # by side (.ci/run), and a second bind over the first would hide the handles made on it
+  (
+    flock -w 60 8 || die "cannot lock $MNT_DIR.lock"
+    if ! mountpoint -q "$MNT_DIR"; then
+      mount --bind "$MNT_DIR" "$MNT_DIR"
+      mount --make-private "$MNT_DIR"
+    fi
+  ) 8>"$MNT_DIR.lock"
   touch "$MNTNS" "$CGNS"
   ensure_cgroup_subtrees
   install -d -m 0755 "$ROOT$CHECKOUT" "$ROOT$RUN"
@@ -220,14 +224,67 @@ in_root() {
   nsenter --mount="$MNTNS" --cgroup="$CGNS" "${net[@]}" -- "$@"
 }
 
-# this machine's CA bundle trusted in the root too: a site's TLS proxy may sign PyPI's
-# certificate (pip of the venv's build, of scripts/pack-venv, of the hub's venv in there)
+# host_ca_bundle FILE: every CA this machine's own pip may trust, in one file: the system's
+# bundle and whatever pip's settings and the certificate variables name (a site's TLS proxy may
+# sign PyPI's certificate, and its CA may be in only one of them)
+host_ca_bundle() {
+  local out=$1 f seen=() pip_cert
+  pip_cert=$("$HOST_VENV/bin/python" -m pip config get global.cert 2>/dev/null || true)
+  : >"$out"
+  for f in /etc/ssl/certs/ca-certificates.crt "${PIP_CERT-}" "${SSL_CERT_FILE-}" \
+    "${REQUESTS_CA_BUNDLE-}" "$pip_cert"; do
+    [[ -n $f && -f $f && -r $f ]] || continue
+    f=$(readlink -f "$f")
+    [[ " ${seen[*]} " == *" $f "* ]] && continue
+    seen+=("$f")
+    cat "$f" >>"$out"
+    echo >>"$out"
+  done
+  [[ -s $out ]] || die "no CA bundle on this machine (/etc/ssl/certs/ca-certificates.crt)"
+}
+
+# this machine's CAs trusted in the root too (pip of the venv's build, of scripts/pack-venv,
+# of the hub's venv in there), system-wide and as $HOST_CA_IN_ROOT for pip
+readonly HOST_CA_IN_ROOT=/etc/ssl/certs/jsr-host-ca.crt
 trust_host_cas() {
-  local mine=/usr/local/share/ca-certificates/jsr-host-bundle.crt
-  cmp -s /etc/ssl/certs/ca-certificates.crt "$ROOT$mine" && return 0
-  install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$ROOT$mine"
-  in_root update-ca-certificates >/dev/null 2>&1 ||
-    log "warning: update-ca-certificates failed in the root"
+  local mine=/usr/local/share/ca-certificates/jsr-host-bundle.crt bundle
+  bundle=$(mktemp)
+  host_ca_bundle "$bundle"
+  install -m 0644 "$bundle" "$ROOT$HOST_CA_IN_ROOT"
+  if ! cmp -s "$bundle" "$ROOT$mine"; then
+    install -D -m 0644 "$bundle" "$ROOT$mine"
+    in_root update-ca-certificates >/dev/null 2>&1 ||
+      log "warning: update-ca-certificates failed in the root"
+  fi
+  rm -f "$bundle"
+}
+
+# checkout_seen_in_root: this checkout, as its processes see it (the bind of mntns_up)
+checkout_seen_in_root() { in_root test -r "$CHECKOUT/pyproject.toml"; }
+
+# what the host and the root say of the checkout's path, when the root does not see it
+describe_checkout_mounts() {
+  {
+    echo "host: $(stat -c '%F %U:%G %a' "$CHECKOUT" 2>&1); real path $(readlink -f "$CHECKOUT")"
+    findmnt -T "$CHECKOUT" -o TARGET,SOURCE,FSTYPE,PROPAGATION 2>&1 | sed 's/^/host: /'
+    in_root sh -c "stat -c '%F %U:%G %a' '$CHECKOUT'; ls -la '$CHECKOUT' | head -n 5;
+      findmnt -T '$CHECKOUT' -o TARGET,SOURCE,FSTYPE,PROPAGATION" 2>&1 | sed 's/^/root: /'
+  } >&2
+}
+
+# ensure_checkout_in_root: the root sees this checkout, or its namespace is made anew (once,
+# when nothing runs in it), or the reason is printed
+ensure_checkout_in_root() {
+  checkout_seen_in_root && return 0
+  log "the root's namespace does not show $CHECKOUT:"
+  describe_checkout_mounts
+  [[ -z $(pids_in_mntns) ]] || die "$FLAVOUR's root runs processes: down first"
+  log "making the root's mount namespace anew"
+  mntns_down
+  mntns_up
+  checkout_seen_in_root && return 0
+  describe_checkout_mounts
+  die "the root's namespace does not show $CHECKOUT (its bind in mntns_up)"
 }
 
 # ------------------------------------------------------------ the project's venv in the root
@@ -261,14 +318,17 @@ ensure_root_venv() {
   t0=$(now_ms)
   install -d -m 0755 "$(dirname "$ROOT_LOG")"
   log "building $VENV in the root: ray $ray, ${CHECKOUT}[test] (editable)"
-  # pip needs this machine's CA bundle (a site's TLS proxy may sign PyPI's certificate)
-  install -m 0644 /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/jsr-host-ca.crt"
+  ensure_checkout_in_root
+  local before
+  before=$(wc -l <"$ROOT_LOG" 2>/dev/null || echo 0)
+  echo "--- $(date -Is) building $VENV: ray $ray, ${CHECKOUT}[test]" >>"$ROOT_LOG"
   [[ -e $ROOT/etc/resolv.conf && ! -L $ROOT/etc/resolv.conf ]] || rm -f "$ROOT/etc/resolv.conf"
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
   rm -rf "${ROOT:?}$VENV"
   install -d -m 0755 "$ROOT$(dirname "$VENV")"
-  # a clean environment: this shell's certificate variables name the host's files
-  local ca=/etc/ssl/certs/jsr-host-ca.crt
+  # a clean environment: this shell's certificate variables name the host's files; pip trusts
+  # this machine's CAs (trust_host_cas)
+  local ca=$HOST_CA_IN_ROOT
   local pip=(in_root env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 "PIP_CERT=$ca"
     "SSL_CERT_FILE=$ca" "REQUESTS_CA_BUNDLE=$ca" PIP_DISABLE_PIP_VERSION_CHECK=1
     "$VENV/bin/pip" install -q)
@@ -276,7 +336,10 @@ ensure_root_venv() {
     in_root /usr/bin/python3 -m venv "$VENV" &&
       "${pip[@]}" -U pip &&
       "${pip[@]}" "ray[default,data,train,tune]==$ray" -e "${CHECKOUT}[test]"
-  } >>"$ROOT_LOG" 2>&1 || { tail -n 20 "$ROOT_LOG" >&2; die "building the root's venv failed"; }
+  } >>"$ROOT_LOG" 2>&1 || {
+    tail -n "+$((before + 1))" "$ROOT_LOG" | tail -n 40 >&2
+    die "building the root's venv failed (log: $ROOT_LOG)"
+  }
   # as scripts/setup does for the host's venv: the deferred imports (client/deferral.py)
   site=$(in_root "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   in_root env -C "$CHECKOUT" "$VENV/bin/python" -m jupyter_slurm_ray.client.deferral \
