@@ -32,6 +32,7 @@ class State(str, enum.Enum):
     CANCELLED = "CANCELLED"
     PREEMPTED = "PREEMPTED"
     NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"  # the kernel killed Ray at the job's memory limit
 
     @property
     def is_final(self) -> bool:
@@ -46,7 +47,15 @@ class State(str, enum.Enum):
 
 
 FINAL = frozenset(
-    {State.STOPPED, State.FAILED, State.TIMEOUT, State.CANCELLED, State.PREEMPTED, State.NODE_FAIL}
+    {
+        State.STOPPED,
+        State.FAILED,
+        State.TIMEOUT,
+        State.CANCELLED,
+        State.PREEMPTED,
+        State.NODE_FAIL,
+        State.OUT_OF_MEMORY,
+    }
 )
 
 # Slurm's final job states → ours. COMPLETED means the bootstrap exited on its own.
@@ -58,6 +67,7 @@ _SLURM_FINAL = {
     "NODE_FAIL": State.NODE_FAIL,
     "BOOT_FAIL": State.NODE_FAIL,
     "DEADLINE": State.TIMEOUT,
+    "OUT_OF_MEMORY": State.OUT_OF_MEMORY,
 }
 
 
@@ -224,6 +234,8 @@ class EventSummary:
     stop_requested: str | None = None  # a client stopped it (who): its CANCELLED is STOPPED
     nodes_lost: list[str] = field(default_factory=list)
     ports_taken: dict[str, str] = field(default_factory=dict)  # host -> what is taken, by whom
+    out_of_memory: str | None = None  # the last memory kill told (out_of_memory events)
+    out_of_memory_fatal: bool = False  # ... and it ended Ray
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
@@ -232,6 +244,10 @@ class EventSummary:
             kind = ev.get("event")
             if kind in (Event.PORTS_TAKEN, Event.PORTS_FREED):  # any node's, a worker job's too
                 self._note_ports(ev)
+                continue
+            if kind == Event.OUT_OF_MEMORY:  # any node's
+                self.out_of_memory = str(ev.get("reason") or "out of memory")
+                self.out_of_memory_fatal = self.out_of_memory_fatal or bool(ev.get("fatal"))
                 continue
             if ev.get(WORKER_JOB_FIELD):  # an extra worker job's own: not the cluster's state
                 continue
@@ -361,23 +377,28 @@ def derive_status(
     if job.is_final:
         return _final_status(base, job, events, stopping, log_tail, node_reasons or {})
     if events.error:
-        return replace(base, state=State.FAILED, reason=events.error, log_tail=events.error_log)
+        return replace(base, state=_failed(events), reason=events.error, log_tail=events.error_log)
     if stopping:
         return replace(base, state=State.STOPPING, reason=None)
     if job.is_pending:
         return replace(base, state=State.PENDING, reason=job.reason, estimated_start=job.start_time)
+    lost = _lost_text(events.nodes_lost)
     if events.ready and events.degraded:  # never shown CONNECTED while Ray is starved
-        lost = _lost_text(events.nodes_lost)
-        return replace(
-            base, state=State.DEGRADED, reason="; ".join(filter(None, [events.degraded, lost]))
-        )
+        reasons = [events.degraded, events.out_of_memory, lost]
+        return replace(base, state=State.DEGRADED, reason="; ".join(filter(None, reasons)))
     if events.ready:
         state = State.CONNECTED if connected else State.READY
-        return replace(base, state=state, reason=_lost_text(events.nodes_lost))
+        told = "; ".join(filter(None, [events.out_of_memory, lost])) or None
+        return replace(base, state=state, reason=told)
     if events.head_ready and connected:  # connected to the head while the workers join
         joining = f"{base.nodes_joined}/{base.nodes_wanted} nodes joined"
         return replace(base, state=State.CONNECTED, reason=joining)
     return replace(base, state=State.STARTING, reason=None, phase=events.phase or "job started")
+
+
+def _failed(events: EventSummary) -> State:
+    """FAILED, or OUT_OF_MEMORY when the kernel killed Ray at the job's memory limit."""
+    return State.OUT_OF_MEMORY if events.out_of_memory_fatal else State.FAILED
 
 
 def _lost_text(hosts: list[str]) -> str | None:
@@ -392,20 +413,26 @@ def _final_status(
     log_tail: str,
     node_reasons: Mapping[str, str],
 ) -> Status:
-    if events.error:
-        return replace(base, state=State.FAILED, reason=events.error, log_tail=events.error_log)
+    if events.error or (job.state == "OUT_OF_MEMORY" and events.out_of_memory_fatal):
+        reason = events.error or events.out_of_memory or "out of memory"
+        state = State.OUT_OF_MEMORY if job.state == "OUT_OF_MEMORY" else _failed(events)
+        return replace(base, state=state, reason=reason, log_tail=events.error_log)
     if stopping and job.state in ("CANCELLED", "COMPLETED"):
-        return replace(base, state=State.STOPPED, reason="stopped on request")
+        return replace(base, state=State.STOPPED, reason=_stopped("stopped on request", events))
     if events.stop_requested and job.state in ("CANCELLED", "COMPLETED"):
-        return replace(base, state=State.STOPPED, reason=f"stopped {events.stop_requested}")
+        stopped = _stopped(f"stopped {events.stop_requested}", events)
+        return replace(base, state=State.STOPPED, reason=stopped)
     if job.state in _SLURM_FINAL:
         state = _SLURM_FINAL[job.state]
         return replace(base, state=state, reason=_final_reason(state, job, events, node_reasons))
     exit_info = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
     reason = f"the Slurm job ended {job.state}{exit_info}"
-    if job.state == "OUT_OF_MEMORY":
-        reason = "the job ran out of memory"
     return replace(base, state=State.FAILED, reason=reason, log_tail=log_tail)
+
+
+def _stopped(reason: str, events: EventSummary) -> str:
+    """A stop's reason, and a memory kill of the cluster's life (it went on after it)."""
+    return f"{reason}; earlier, {events.out_of_memory}" if events.out_of_memory else reason
 
 
 def _final_reason(
@@ -425,6 +452,11 @@ def _final_reason(
             )
         why = f" ({job.reason})" if job.reason else ""
         return f"a node failed{why}" + (f" among {', '.join(job.nodes)}" if job.nodes else "")
+    if state is State.OUT_OF_MEMORY:
+        return events.out_of_memory or (
+            "the job ran out of memory (Slurm: OUT_OF_MEMORY): the kernel killed a process at "
+            "its memory limit; ask for more with --mem (mem_per_node)"
+        )
     return {
         State.CANCELLED: "the Slurm job was cancelled",
         State.TIMEOUT: "the walltime was reached",

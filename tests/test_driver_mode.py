@@ -25,6 +25,7 @@ from .helpers.clusters import ProcessEnvironment, processes_of, wait_until_nothi
 from .helpers.jobs import in_queue
 from .helpers.notebookjob import NotebookJob
 from .helpers.paths import VENV_ACTIVATE, VENV_PYTHON
+from .helpers.testbed import ENFORCED
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -80,9 +81,12 @@ def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict, nodes: int) -> N
 
 @pytest.mark.compat
 def test_a_kernel_in_a_job_is_a_ray_driver_and_down_leaves_nothing(testbed):
+    # where the testbed enforces memory as a site does: 256 MB round trips from the kernel (its
+    # copy, the object store's, what comes back) beside its Ray node's processes need 3 GB
     job = NotebookJob.submit(
-        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "down", AWAY_FROM_THE_KERNEL
-    )
+        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "down", AWAY_FROM_THE_KERNEL,
+        "2G" if ENFORCED else "", mem="3G" if ENFORCED else "1G",
+    )  # fmt: skip
     try:
         job.wait("outer", 120)
         up = job.wait("up", 300)

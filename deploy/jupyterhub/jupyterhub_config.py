@@ -36,7 +36,8 @@ c.Authenticator.allowed_users = set(env["JSR_HUB_USERS"].split(","))
 
 # -- each user's server: a one-CPU Slurm job on a compute node, as that user ----------------
 c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
-c.BatchSpawnerBase.exec_prefix = "/usr/sbin/runuser -u {username} --"  # the hub runs as root: no sudo
+# the hub runs as root: no sudo
+c.BatchSpawnerBase.exec_prefix = "/usr/sbin/runuser -u {username} --"
 c.BatchSpawnerBase.batchspawner_singleuser_cmd = f"{singleuser}/bin/batchspawner-singleuser"
 c.Spawner.cmd = [f"{singleuser}/bin/jupyterhub-singleuser"]
 c.Spawner.default_url = "/lab"

@@ -38,17 +38,19 @@ from jsr_wire import (
     CONNECTION_FILE,
     EVENTS_FILE,
     HEAD_FILE,
+    MIN_OBJECT_STORE_MB,
     DriverLine,
     Event,
     Role,
     TlsFiles,
+    ray_memory_mb,
 )
 from listeners import OwnListeners
 from nodeaddr import node_address
 from noderun import TICK
 from portblock import port_name
 from procgroups import RayProcess
-from rayargs import NodePlan, plan_node
+from rayargs import MIB, NodePlan, job_memory_mb, plan_node
 from rayports import raylet_ports
 from slurmenv import is_slurm_input
 from tlsfiles import made_node_files
@@ -59,6 +61,7 @@ HEAD_GONE_AFTER = 15.0  # head.json missing this long once joined: the head ende
 OWNER_PERIOD = 0.2  # how often the kernel's presence is checked (s)
 OWNER_GONE = "OWNER_GONE"  # SignalFlags.stop's value once the kernel is gone
 VERIFIED = ("node_manager", "object_manager")  # what the kernel's Ray talks to on this node
+KERNEL_MB = 500  # the notebook kernel beside the node (Python, IPython, ray imported): MiB
 
 
 # the worker's events under the driver's own names
@@ -221,9 +224,9 @@ class DriverRun(WorkerRun):
             temp_name=f"d{os.getpid()}",
         )
         # sized once, from the notebook job's memory (Slurm's variables, removed below)
-        self.object_store = self.object_store or plan.object_store
+        self.object_store = self.object_store or driver_object_store(plan)
         self.plan = dataclasses.replace(
-            plan, cpus=0, gpus=0, resources={}, object_store=self.object_store
+            plan, cpus=0, gpus=0, resources={}, object_store=self.object_store, memory=None
         )
         # this node's Ray is no step of the notebook's job: Slurm's variables stay out of it
         for name in [name for name in os.environ if is_slurm_input(name, in_own_job=False)]:
@@ -285,6 +288,17 @@ class DriverRun(WorkerRun):
     def finish(self, reason: str, code: int) -> None:
         super().finish(reason, code)
         tell_kernel(DriverLine.STOPPED, reason=reason, exit_code=code)
+
+
+def driver_object_store(plan: NodePlan) -> int:
+    """The object store of the kernel's node: the node's share of the notebook job's memory,
+    within what its Ray processes and the kernel beside them leave (a site that enforces
+    memory kills the whole notebook job when they go over)."""
+    memory_mb = job_memory_mb(dict(os.environ), plan.cpus)
+    if not memory_mb:
+        return plan.object_store
+    left = memory_mb - ray_memory_mb(False, 1) - KERNEL_MB
+    return min(plan.object_store, max(MIN_OBJECT_STORE_MB, left) * MIB)
 
 
 def tls_fields(tls: TlsFiles | None) -> dict[str, str]:

@@ -297,7 +297,9 @@ class HeadRun(NodeRun):
         code = self.ray.exit_code()
         if code is not None:
             self.check_ports()  # its last words may name a taken port
-            raise BootstrapError(f"`ray start --head` exited with status {code}", self.ray.tail())
+            reason = self.memory_kills(fatal=True)  # the job's memory limit: say so, not Ray's
+            said = f"`ray start --head` exited with status {code}"
+            raise BootstrapError(reason or said, self.ray.tail())
 
     def read_worker_events(self, ready: bool) -> None:
         for event in self.tail.read():
@@ -472,6 +474,7 @@ class HeadRun(NodeRun):
                 next_poll = time.monotonic() + (API_PERIOD if joining else WATCH_PERIOD)
                 self.check_still_ours()
                 self.watch_block()
+                self.memory_kills(fatal=False)
                 alive = self.alive_nodes()
                 if alive is not None:
                     self.note_nodes(alive, after_ready=True)

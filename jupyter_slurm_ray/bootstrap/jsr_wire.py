@@ -90,6 +90,34 @@ def group_resource(group: str) -> str:
     return f"group:{group}"
 
 
+# ----------------------------------------------------------------------------- memory
+
+# What one node's Ray needs in its job beside its object store (MiB): measured in the job's
+# memory cgroup on Slurm 24.11 with Ray 2.60 (a head with 1 CPU: 810-850 after its start and a
+# few tasks, 2 CPUs: 860-910; a worker node: 270-360). A site that enforces memory kills a job
+# that goes over its request: a request below this is refused before it is submitted
+# (slurm/memorypolicy.py), and the object store is sized within what is left.
+HEAD_RAY_MB = 860
+WORKER_RAY_MB = 400
+PER_CPU_RAY_MB = 60  # a worker process per CPU once tasks run
+MIN_OBJECT_STORE_MB = 80  # Ray's own minimum (78 MB), rounded up
+MAX_DEFAULT_OBJECT_STORE_MB = 2048
+OBJECT_STORE_SHARE = 0.3  # of the job's memory on the node, when object_store_memory is unset
+
+
+def ray_memory_mb(head: bool, cpus: int) -> int:
+    """What the node's Ray processes need (MiB), its object store apart."""
+    return (HEAD_RAY_MB if head else WORKER_RAY_MB) + PER_CPU_RAY_MB * max(1, cpus)
+
+
+def default_object_store_mb(job_mb: int, ray_mb: int) -> int:
+    """The object store when it is not set: 30 % of the job's memory on the node, within
+    80 MiB..2 GiB and within what Ray's processes leave of it."""
+    share = int(job_mb * OBJECT_STORE_SHARE)
+    left = job_mb - ray_mb
+    return max(MIN_OBJECT_STORE_MB, min(share, MAX_DEFAULT_OBJECT_STORE_MB, left))
+
+
 # ----------------------------------------------------------------------------- bootstrap.json
 
 # 'kernel': every port taken where Ray binds it (no range); the others: a block of port_range
@@ -157,6 +185,7 @@ class Event:
     OWNER_GONE = "owner_gone"
     PORT_LOCK_UNAVAILABLE = "port_lock_unavailable"
     PORTS_RETRY = "ports_retry"
+    OUT_OF_MEMORY = "out_of_memory"  # the kernel killed processes of the job at its limit
     PORTS_TAKEN = "ports_taken"  # once running: others listen on ports of the node's block
     PORTS_FREED = "ports_freed"  # ... and no longer do
     IMPORT_RAY = "import_ray"  # seconds `import ray` took on the head's node, Ray's version

@@ -10,10 +10,11 @@ import traceback
 from pathlib import Path
 
 from container import ray_command_prefix
-from jsr_base import BootstrapError, Config, PortConflict
+from jsr_base import BootstrapError, Config, PortConflict, short_hostname
 from jsr_events import EventLog
 from jsr_wire import EVENTS_FILE, LOGS_DIR, SETTINGS_FILE, TOKEN_FILE, Event, Role, TlsFiles
 from listeners import block_strangers, listeners, user_name
+from memcgroup import OomWatch
 from portblock import port_name
 from portconflict import ConflictScan
 from procgroups import RayProcess, session_processes, stop_processes
@@ -71,6 +72,8 @@ class NodeRun:
         self.scan: ConflictScan | None = None
         self.given_up: list[tuple[int, int]] = []  # port blocks left after a conflict
         self.taken_ports: list[int] = []  # ports of the block others listen on (watch_block)
+        self.oom = OomWatch(None)  # the job's memory kills (load_config starts it)
+        self.oom_told = 0  # kills told in out_of_memory events
 
     @property
     def deadline(self) -> float:
@@ -78,10 +81,33 @@ class NodeRun:
         return self.started + float(self.config.start_timeout)
 
     def load_config(self) -> Config:
-        """The settings, once the job dir proved that only this user (or root) can change it."""
+        """The settings, once the job dir proved that only this user (or root) can change it.
+        The job's memory kills so far are counted (before Ray runs)."""
         check_job_dir(self.job_dir)
         self.config = Config.load(self.job_dir / SETTINGS_FILE)
+        self.oom = OomWatch.start()
         return self.config
+
+    def memory_kills(self, fatal: bool) -> str | None:
+        """Why Ray is short of memory, when the kernel killed processes of this job for its
+        memory limit since the node started: told once per new kill (``out_of_memory``), and
+        returned when ``fatal`` (Ray itself ended: the reason of the error) or new."""
+        kills, limit = self.oom.since()
+        if kills <= 0 or (kills <= self.oom_told and not fatal):
+            return None
+        host = self.plan.host if self.plan else short_hostname()
+        reason = out_of_memory_reason(host, kills, limit, fatal)
+        if kills > self.oom_told:
+            self.oom_told = kills
+            self.events.emit(
+                Event.OUT_OF_MEMORY,
+                host=host,
+                kills=kills,
+                limit_mb=limit,
+                fatal=fatal,
+                reason=reason,
+            )
+        return reason
 
     def find_ray(self) -> str:
         """The log dir and the `ray` command (the environment pack's, if the job has one:
@@ -242,3 +268,23 @@ class NodeRun:
 
     def finish(self, reason: str, code: int) -> None:
         self.stop()
+
+
+def out_of_memory_reason(host: str, kills: int, limit: int | None, fatal: bool) -> str:
+    """One line: where, what the kernel killed, the limit, and what to ask for."""
+    limit_text = f"the job's limit of {limit} MB" if limit else "the job's memory limit"
+    more = f", e.g. --mem {suggested_memory(limit)}" if limit else ""
+    if fatal:
+        what = f"the kernel killed Ray's processes that went over {limit_text}"
+    else:
+        what = (
+            f"the kernel killed a process of Ray's (a task's worker, most likely) that went "
+            f"over {limit_text} ({kills} so far)"
+        )
+    return f"out of memory on {host}: {what}; ask for more with --mem (mem_per_node){more}"
+
+
+def suggested_memory(limit_mb: int) -> str:
+    """Half as much again, rounded up to half a gigabyte: ``1.5G`` for 1024 MB."""
+    half_gigs = -(-(limit_mb * 3 // 2) // 512)
+    return f"{half_gigs // 2}G" if half_gigs % 2 == 0 else f"{half_gigs / 2:g}G"

@@ -23,7 +23,9 @@ from jsr_wire import (
     SITE_PATH,
     TOKEN_FILE,
     TlsFiles,
+    default_object_store_mb,
     group_resource,
+    ray_memory_mb,
 )
 from kernelports import KernelPorts
 from nodeaddr import node_address
@@ -54,12 +56,17 @@ def require_command(name: str, why: str) -> str:
     return command_path(name, f"the `{name}` command is not on PATH ({path}); {why}")
 
 
-def allocated_cpus(env: dict[str, str]) -> int:
+def allocated_cpus(env: dict[str, str], usable: int | None = None) -> int:
+    """The job's CPUs on this node: Slurm's count, and never more than this process may run on
+    (``usable``, default its CPU affinity: a site that constrains cores binds the job to them;
+    Ray would count the machine's)."""
+    if usable is None and hasattr(os, "sched_getaffinity"):
+        usable = len(os.sched_getaffinity(0))
     for key in ("SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK"):
         value = env.get(key, "")
         if value.isdigit() and int(value) > 0:
-            return int(value)
-    return os.cpu_count() or 1
+            return min(int(value), usable) if usable else int(value)
+    return usable or os.cpu_count() or 1
 
 
 def visible_gpus(env: dict[str, str]) -> int:
@@ -77,12 +84,26 @@ def job_memory_mb(env: dict[str, str], cpus: int) -> int | None:
     return None
 
 
-def object_store_bytes(configured: int | None, env: dict[str, str], cpus: int) -> int:
-    """The configured size, else 30 % of the job's memory on the node, within 80 MB..2 GiB."""
+def object_store_bytes(
+    configured: int | None, env: dict[str, str], cpus: int, head: bool = False
+) -> int:
+    """The configured size, else 30 % of the job's memory on the node, within 80 MB..2 GiB and
+    what Ray's processes leave of it (``jsr_wire.default_object_store_mb``)."""
     if configured:
         return int(configured)
     memory_mb = job_memory_mb(env, cpus) or 2048
-    return max(80 * MIB, min(2048 * MIB, int(memory_mb * MIB * 0.3)))
+    return default_object_store_mb(memory_mb, ray_memory_mb(head, cpus)) * MIB
+
+
+def ray_memory_bytes(env: dict[str, str], cpus: int, object_store: int, head: bool) -> int | None:
+    """Ray's ``memory`` resource on this node: what the job has there, less the object store and
+    Ray's own processes (Ray would count the machine's); None when the job's memory is not
+    known."""
+    memory_mb = job_memory_mb(env, cpus)
+    if not memory_mb:
+        return None
+    left = memory_mb * MIB - object_store - ray_memory_mb(head, cpus) * MIB
+    return max(MIB, left)
 
 
 def node_temp_dir(job: str, host: str) -> Path:
@@ -113,6 +134,7 @@ class NodePlan:
     object_store: int
     # ours (slurm_ray_node, which the head counts) and the worker group's; none on a driver's
     resources: dict[str, int] = field(default_factory=lambda: node_resources())
+    memory: int | None = None  # Ray's `memory` resource: the job's, less the store and Ray's
 
     def common_args(self, config: Config) -> list[str]:
         ports = self.block.ports
@@ -131,6 +153,8 @@ class NodePlan:
         if "min_worker" in ports:
             args += [f"--min-worker-port={ports['min_worker']}"]
             args += [f"--max-worker-port={ports['max_worker']}"]
+        if self.memory is not None:
+            args += [f"--memory={self.memory}"]
         return args
 
     def head_argv(self, ray: str, config: Config) -> list[str]:
@@ -183,12 +207,14 @@ def plan_node(
         host = short_hostname()
         env = dict(os.environ)
         cpus = allocated_cpus(env)
-        object_store = object_store_bytes(config.object_store_memory, env, cpus)
+        object_store = object_store_bytes(config.object_store_memory, env, cpus, head)
+        memory = ray_memory_bytes(env, cpus, object_store, head)
         temp_dir = node_temp_dir(temp_name or job_id(), host)
     except BaseException:
         block.release()
         raise
-    return NodePlan(host, ip, block, temp_dir, cpus, visible_gpus(env), object_store)
+    gpus = visible_gpus(env)
+    return NodePlan(host, ip, block, temp_dir, cpus, gpus, object_store, memory=memory)
 
 
 def node_ports(

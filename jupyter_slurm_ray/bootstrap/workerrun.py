@@ -89,11 +89,12 @@ class WorkerRun(NodeRun):
                 next_check = time.monotonic() + HEAD_CHECK
                 self.check_head_moved(head)
                 self.watch_block()
+                self.memory_kills(fatal=False)
             code = process.exit_code()
             if code is not None:  # after joining: the head reports node_lost
                 self.check_head_moved(head)
                 self.exit_code, self.exit_log = 1, process.tail()
-                return f"`ray start` exited with status {code}"
+                return self.memory_kills(fatal=True) or f"`ray start` exited with status {code}"
             time.sleep(TICK)
         return self.stop_reason()
 
@@ -163,6 +164,9 @@ class WorkerRun(NodeRun):
             if code is not None:
                 self.check_ports()  # its last words may name a taken port
                 self.check_head_moved(head)
+                oom = self.memory_kills(fatal=True)
+                if oom:
+                    raise BootstrapError(oom, process.tail())
                 reason = f"`ray start` exited with status {code} before joining {address}"
                 raise RayExitedEarly(f"{reason} from {self.plan.host}", process.tail())
             if time.monotonic() > self.deadline:

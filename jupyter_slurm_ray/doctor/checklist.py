@@ -34,6 +34,7 @@ from ..job.directory import (
 )
 from ..slurm.accounting import load_accounting
 from ..slurm.client import SlurmClient
+from ..slurm.memorypolicy import load_memory_policy
 from ..slurm.sitecheck import check_spec, chosen_partition, describe_partition
 from ..spec import ClusterSpec, format_walltime
 from ..transport import LocalTransport, Transport
@@ -216,8 +217,9 @@ async def _check_request(
     spec: ClusterSpec, transport: Transport, partitions: list[Any], add: Any
 ) -> None:
     accounting = await load_accounting(transport)
+    memory = await load_memory_policy(transport)
     try:
-        notes = check_spec(spec, partitions, accounting)
+        notes = check_spec(spec, partitions, accounting, memory)
     except SpecError as exc:
         add(_check("request", "fail", str(exc), _spec_fix(exc)))
         return

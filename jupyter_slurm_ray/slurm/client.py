@@ -255,6 +255,13 @@ class SlurmClient:
         out = await self._slurm(["sinfo", "-h", "-o", SINFO_FORMAT])
         return parse_sinfo(out)
 
+    async def memory_settings(self) -> tuple[str, str]:
+        """``scontrol show config`` and ``scontrol show partition -o`` (memory: whether it is
+        enforced, the defaults): memorypolicy.py reads them."""
+        config = await self._slurm(["scontrol", "show", "config"])
+        partitions = await self._slurm(["scontrol", "show", "partition", "-o"])
+        return config, partitions
+
     # -- accounting and the time limit (on request, never on the poll path) -------------------
     async def associations(self) -> list[Association]:
         """The user's associations (accounts, QOSes, limits) and default account: one

@@ -1,5 +1,6 @@
 """Checks a spec against the site before anything is submitted: the partition (sinfo: MaxTime,
-MaxNodes, node shape) and the user's accounting (sacctmgr: account, QOS and their limits).
+MaxNodes, node shape), the memory its nodes would get where the site enforces it (scontrol:
+``memorypolicy.py``) and the user's accounting (sacctmgr: account, QOS and their limits).
 
 Used by the magics, the panel and the server's POST. Without accounting the account and QOS
 are not checked, and the answer says so and why; it never blocks on that.
@@ -18,6 +19,7 @@ from .client import Partition, SlurmClient
 from .hereplan import plan_here
 from .limits import check_against_accounting
 from .localjobs import with_local_mode_hint
+from .memorypolicy import MemoryPolicy, check_memory, load_memory_policy
 
 __all__ = [
     "SiteCheck",
@@ -97,14 +99,19 @@ def check_against_partitions(spec: ClusterSpec, partitions: Sequence[Partition])
 
 
 def check_spec(
-    spec: ClusterSpec, partitions: Sequence[Partition], accounting: Accounting
+    spec: ClusterSpec,
+    partitions: Sequence[Partition],
+    accounting: Accounting,
+    memory: MemoryPolicy | None = None,
 ) -> tuple[str, ...]:
     """Every check of ``spec`` against what the site said; the notes of what was skipped."""
     check_against_partitions(spec, partitions)
-    check_against_accounting(spec, accounting, chosen_partition(spec, partitions))
+    chosen = chosen_partition(spec, partitions)
+    notes = check_memory(spec, memory, chosen) if memory is not None else ()
+    check_against_accounting(spec, accounting, chosen)
     if accounting.unavailable:
-        return (f"account and QOS not checked: {accounting.unavailable}",)
-    return ()
+        return (*notes, f"account and QOS not checked: {accounting.unavailable}")
+    return notes
 
 
 async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck:
@@ -123,5 +130,6 @@ async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck
     except SlurmUnavailable as exc:
         raise with_local_mode_hint(exc) from None
     accounting = await load_accounting(transport)
-    notes = check_spec(spec, partitions, accounting)
+    memory = await load_memory_policy(transport)
+    notes = check_spec(spec, partitions, accounting, memory)
     return SiteCheck(partitions, accounting, notes)

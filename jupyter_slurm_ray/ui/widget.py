@@ -25,6 +25,7 @@ from ..errors import SlurmRayError
 from ..session import Session, get_session
 from ..slurm.accounting import Accounting, load_accounting
 from ..slurm.client import Partition, SlurmClient
+from ..slurm.memorypolicy import MemoryPolicy, load_memory_policy
 from ..slurm.sitecheck import check_spec, describe_partition
 from ..spec import ClusterSpec
 from ..states import State, Status
@@ -55,6 +56,7 @@ class ClusterPanel(widgets.VBox):
         self.cluster: SlurmRayCluster | None = None
         self.partitions: list[Partition] = []
         self.accounting = Accounting(unavailable="not asked yet")
+        self.memory_policy: MemoryPolicy | None = None  # the site's memory policy, once asked
         self._stop_requested: set[str] = set()  # ids of clusters whose Stop was clicked
         self.message = widgets.HTML()
         self._build_form()
@@ -171,6 +173,7 @@ class ClusterPanel(widgets.VBox):
             else:
                 self.partitions = run_sync(SlurmClient(self.session.transport()).partitions())
                 self.accounting = run_sync(load_accounting(self.session.transport()))
+                self.memory_policy = run_sync(load_memory_policy(self.session.transport()))
         except SlurmRayError as exc:
             self._error(str(exc))
             names = []
@@ -253,7 +256,8 @@ class ClusterPanel(widgets.VBox):
             "connect": self.connect_mode.value,
         }
         spec, _ = resolve_spec(arguments, profile=self.profile.value, config=self.session.config)
-        check_spec(spec.require_complete(), self.partitions, self.accounting)
+        policy = self.memory_policy
+        check_spec(spec.require_complete(), self.partitions, self.accounting, policy)
         return spec
 
     def _here_spec(self) -> ClusterSpec:

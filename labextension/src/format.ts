@@ -58,7 +58,15 @@ export function nodesLostText(cluster: ICluster): string | null {
 
 const UP = new Set(['READY', 'CONNECTED', 'DEGRADED']);
 const BUSY = new Set(['SUBMITTING', 'PENDING', 'STARTING', 'STOPPING']);
-const FINAL = new Set(['STOPPED', 'FAILED', 'TIMEOUT', 'CANCELLED', 'PREEMPTED', 'NODE_FAIL']);
+const FINAL = new Set([
+  'STOPPED',
+  'FAILED',
+  'TIMEOUT',
+  'CANCELLED',
+  'PREEMPTED',
+  'NODE_FAIL',
+  'OUT_OF_MEMORY'
+]);
 
 /** A CSS modifier for the state badge: up, busy, ended or failed. */
 /**

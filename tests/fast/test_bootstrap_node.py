@@ -56,8 +56,10 @@ def test_node_address_sources() -> None:
 
 
 def test_allocation_sizing() -> None:
-    assert rayargs.allocated_cpus({"SLURM_CPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "2"}) == 4
-    assert rayargs.allocated_cpus({"SLURM_CPUS_PER_TASK": "2"}) == 2
+    slurm = {"SLURM_CPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "2"}
+    assert rayargs.allocated_cpus(slurm, usable=8) == 4
+    assert rayargs.allocated_cpus({"SLURM_CPUS_PER_TASK": "2"}, usable=8) == 2
+    assert rayargs.allocated_cpus(slurm, usable=1) == 1  # the cores the job is bound to
     assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
     assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
     assert rayargs.visible_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}) == 0
@@ -70,6 +72,15 @@ def test_allocation_sizing() -> None:
     assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_CPU": "100"}, 2) == 80 * mib
     assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_NODE": "100000"}, 2) == 2048 * mib
     assert rayargs.object_store_bytes(123456789, {}, 2) == 123456789
+    # what Ray's own processes leave: a 1-CPU head in 1200 MB keeps 280 MB for its store
+    assert rayargs.object_store_bytes(None, {"SLURM_MEM_PER_NODE": "1200"}, 1, head=True) == (
+        280 * mib
+    )
+    # Ray's `memory` resource: the job's, less the store and Ray's processes (not the host's)
+    env = {"SLURM_MEM_PER_NODE": "3072"}
+    store = rayargs.object_store_bytes(None, env, 1, head=True)
+    assert rayargs.ray_memory_bytes(env, 1, store, True) == (3072 - 921 - 920) * mib
+    assert rayargs.ray_memory_bytes({}, 1, store, True) is None
 
 
 def test_temp_dir_is_short_and_private() -> None:

@@ -17,6 +17,7 @@ from jupyter_slurm_ray.spec import ClusterSpec
 
 from .jobs import in_queue
 from .paths import VENV_ACTIVATE, VENV_PYTHON
+from .testbed import ENFORCED_MEMORY
 from .waiting import wait_for
 
 #: What a test cluster needs on this testbed: the venv's Ray, a small footprint (one CPU a
@@ -28,6 +29,10 @@ TEST_SPEC = dict(
     setup=[VENV_ACTIVATE],
     object_store_memory="200M",
     start_timeout=180,
+    # where the testbed enforces memory as a site does (its `enforced` profile, DefMemPerCPU
+    # 1024): what a 1-CPU head and its 200 MB store need (slurm/memorypolicy.py); elsewhere the
+    # site's default, as before
+    mem_per_node=ENFORCED_MEMORY,
 )
 
 

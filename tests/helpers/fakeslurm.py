@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from jupyter_slurm_ray.errors import TransportError
 from jupyter_slurm_ray.slurm.client import AS_THIS_USER
@@ -26,6 +27,8 @@ from jupyter_slurm_ray.slurm.output import parse_duration
 from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, LocalTransport
 from jupyter_slurm_ray.ui.formatting import format_duration
 
+#: Real output of Slurm 22.05 (tests/resources/slurm-output/), for what the fake does not make up.
+RECORDED = Path(__file__).parent.parent / "resources" / "slurm-output" / "22.05.8"
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr")
 NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 #: sinfo's partition lines (``%R|%a|%F|%c|%m|%G|%l|%P``) as the real testbed prints them.
@@ -71,6 +74,7 @@ class FakeSlurm:
     associations: list[str] = field(default_factory=lambda: list(TESTBED_ASSOCIATIONS))
     qos: list[str] = field(default_factory=lambda: list(TESTBED_QOS))
     may_extend: bool = False  # an operator: scontrol update TimeLimit=+N is allowed
+    enforces_memory: bool = False  # cgroup ConstrainRAMSpace (DefMemPerCPU=1024), as a site
     refuse_submit: str | None = None  # sbatch's error message, if it refuses
     node_reasons: dict[str, str] = field(default_factory=dict)
     partitions: list[str] = field(default_factory=lambda: list(TESTBED_PARTITIONS))
@@ -190,6 +194,13 @@ class FakeSlurm:
     def _scontrol(self, argv: list[str]) -> CommandResult:
         if argv[1] == "update":
             return self._scontrol_update(argv)
+        if argv[1:3] == ["show", "config"]:  # the testbed's: 22.05 enforced, or permissive
+            name = (
+                "scontrol-config.out" if self.enforces_memory else "scontrol-config-permissive.out"
+            )
+            return _result(argv, 0, (RECORDED / name).read_text())
+        if argv[1:3] == ["show", "partition"]:
+            return _result(argv, 0, (RECORDED / "scontrol-partitions.out").read_text())
         job = self.jobs.get(argv[-1])
         if job is None or job.forgotten:
             return _result(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")

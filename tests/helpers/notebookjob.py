@@ -1,6 +1,6 @@
 """A notebook kernel inside a Slurm job, as batchspawner and Open OnDemand run one: a Python
-program of ``tests/resources/`` run as the test user by ``sbatch -N1 -c1 --mem=1G`` on node1
-(or a node of another partition), which reports each step as one JSON line in
+program of ``tests/resources/`` run as the test user by ``sbatch -N1 -c1 --mem=1G`` (or more
+memory) on node1 (or a node of another partition), which reports each step as one JSON line in
 ``WORK/report.jsonl``."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .waiting import wait_for
 
 NOTEBOOK_JOB = """#!/bin/bash
 #SBATCH --job-name=jsr-notebook
-#SBATCH --nodes=1 --cpus-per-task=1 --mem=1G --partition={partition} --nodelist={node} --time=15
+#SBATCH --nodes=1 --cpus-per-task=1 --mem={mem} --partition={partition} --nodelist={node} --time=15
 #SBATCH --output={work}/notebook.out --error={work}/notebook.out
 {python} {program} {args}
 {after}
@@ -44,6 +44,7 @@ class NotebookJob:
         node: str = "node1",
         partition: str = "debug",
         server: bool = False,
+        mem: str = "1G",
     ) -> NotebookJob:
         """Run ``tests/resources/<program>`` with ``WORK *args`` in the job, submitted from a
         plain login environment, as a hub would. With ``server`` the job goes on after the
@@ -51,6 +52,7 @@ class NotebookJob:
         job = cls(Path(f"/home/{USER}/.jsr-notebook-{uuid.uuid4().hex[:8]}"))
         run_as_user("mkdir", "-m", "700", str(job.work))
         script = NOTEBOOK_JOB.format(
+            mem=mem,
             node=node,
             partition=partition,
             work=job.work,

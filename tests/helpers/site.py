@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .paths import VENV_ACTIVATE, VENV_PYTHON
-from .testbed import USER, runuser
+from .testbed import ENFORCED_MEMORY, USER, runuser
 
 PROFILES = f"""
 [profiles.testbed]
@@ -51,7 +51,13 @@ def site_environment(directory: Path) -> dict[str, str]:
         "JUPYTER_SLURM_RAY_PROFILES_FILE": str(write_profiles(directory)),
         "JUPYTER_SLURM_RAY_COMMAND_PREFIX": " ".join(runuser(USER)),
         "JUPYTER_SLURM_RAY_POLL_INTERVAL": "0.5",
+        **memory_setting(),
     }
+
+
+def memory_setting() -> dict[str, str]:
+    """Where the testbed enforces memory as a site does: what the tests' clusters ask for."""
+    return {"JUPYTER_SLURM_RAY_MEM_PER_NODE": ENFORCED_MEMORY} if ENFORCED_MEMORY else {}
 
 
 def kernel_environment(directory: Path) -> dict[str, str]:
@@ -63,6 +69,7 @@ def kernel_environment(directory: Path) -> dict[str, str]:
         "JUPYTER_SLURM_RAY_SETUP": VENV_ACTIVATE,
         "JUPYTER_SLURM_RAY_OBJECT_STORE_MEMORY": "200M",
         "JUPYTER_SLURM_RAY_CPUS_PER_NODE": "1",
+        **memory_setting(),
     }
 
 

@@ -20,6 +20,11 @@ USER = os.environ.get("JSR_USER", "alice")
 #: own; the host's, bookworm, 10.200.0.0/24).
 CLUSTER_NET = ipaddress.ip_network(os.environ.get("JSR_CLUSTER_NET", "10.200.0.0/24"))
 
+#: Whether the testbed kills a job over its memory as a site does (``$JSR_PROFILE`` enforced:
+#: the rooted flavours' default), and then what the tests' 1-CPU clusters ask for.
+ENFORCED = os.environ.get("JSR_PROFILE") == "enforced"
+ENFORCED_MEMORY = "1536M" if ENFORCED else None
+
 #: The login node's address on the laptop side (``$JSR_SSH_HOST``).
 SSH_HOST = os.environ.get("JSR_SSH_HOST", "10.201.0.2")
 

@@ -25,6 +25,8 @@ from kernel_common import one_task_per_node, report_to
 work, python, setup = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 nodes, after = int(sys.argv[4]), sys.argv[5]
 extra_sbatch = json.loads(sys.argv[6]) if len(sys.argv) > 6 else []
+# where the site enforces memory: a head and its 700 MB store need 2 GB
+mem_per_node = sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] else None
 MB = 1024 * 1024
 
 
@@ -97,6 +99,7 @@ def main() -> None:
         python=python,
         setup=[setup],
         object_store_memory="700M",
+        mem_per_node=mem_per_node,
         start_timeout=180,
         owner_timeout=20,
         extra_sbatch=extra_sbatch,
