@@ -54,7 +54,10 @@ def restart_controller(down_for: float, while_down: Callable[[], object] | None 
     if while_down is not None:
         while_down()
     time.sleep(max(0.0, down_for - (time.monotonic() - down_since)))
-    subprocess.run(["slurmctld"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
+    # -i: Slurm 26.05 refuses to start without the associations' usage file, which a
+    # controller saves only every few minutes (here it may be younger); the jobs' state is
+    # saved at each change and is read all the same
+    subprocess.run(["slurmctld", "-i"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
     wait_for(slurm_answers, 60, "the restarted slurmctld to answer", step=1)
 
 

@@ -285,7 +285,7 @@ def capture(out_root: Path) -> Path:
         time.sleep(0.1)
     c.save("squeue-controller-gone", ["squeue", "-h", "--me"], timeout=120)
     c.save("sbatch-controller-gone", ["sbatch", "--wrap", "true"], timeout=120)
-    subprocess.run(["slurmctld"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
+    subprocess.run(["slurmctld", "-i"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
     for _ in range(300):
         if run(["sinfo", "-h"])[0] == 0:
             break
