@@ -10,6 +10,7 @@ from .elastic import part as elastic_part
 from .errors import (
     CommandError,
     ConnectError,
+    NoClusterError,
     RayStartError,
     SlurmError,
     SlurmRayError,
@@ -26,6 +27,7 @@ __all__ = [
     "CommandError",
     "ConnectError",
     "LocalTransport",
+    "NoClusterError",
     "RayStartError",
     "SSHTransport",
     "SlurmError",

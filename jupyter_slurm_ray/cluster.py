@@ -30,6 +30,7 @@ from . import display
 from .aio import blocking, run_sync
 from .bootstrap.jsr_wire import Event
 from .client import connect as ray_client
+from .client.mode import DRIVER, driver_precheck
 from .client.side import ClientSide
 from .clientevents import append_event
 from .config import adapt_defaults as config_adapt_defaults
@@ -318,13 +319,22 @@ class SlurmRayCluster:
     ) -> SlurmRayCluster:
         """Submit the job; with ``wait``, return once every node joined and (with ``connect``)
         this process is connected; ``wait="head"`` returns once connected to the head, the
-        workers joining live. The connect starts as soon as the head answers."""
+        workers joining live. The connect starts as soon as the head answers. ``connect``
+        also says whether this process will connect (``wait=False`` too): with ``connect =
+        "driver"``, what makes driver mode impossible here is told before submitting."""
         if self._status.job_id is not None:
             raise SlurmRayError(f"cluster {self.id} was already started (job {self.job_id})")
         self._changed = asyncio.Event()
         scheduler = await self._scheduler_for_up()  # mode 'here': its allocation checked
         # the job dir root is checked before anything is written
         job_dir, script = await submission.prepare(self.transport, self.spec, self.id)
+        if connect and self.spec.connect == DRIVER:  # who connects: the front door says
+            obstacle = await driver_precheck(self.transport, job_dir.path.rsplit("/", 1)[0])
+            if obstacle:
+                raise ConnectError(
+                    f"connect = driver is not possible here: {obstacle}; nothing was submitted "
+                    "(connect = auto or client connects through Ray Client)"
+                )
         self.job_dir = job_dir.path
         self.ownership.become_owner(0)
         self._save_record()

@@ -198,6 +198,11 @@ class SlurmRay(_ClusterSettings):
         "Days an ended cluster's record is kept before it is forgotten, and after which `gc` "
         "removes its job dir and the packs no job dir names (default 7).",
     )
+    allow_local_ray = _trait(
+        "flag",
+        "Let ray.init() (and Ray's libraries, which call it) start a Ray on this host while no "
+        "cluster is connected in this kernel (default False: they raise NoClusterError).",
+    )
     # -- where Slurm runs -----------------------------------------------------------------
     login_host = _trait(
         "text", "Login node to reach over SSH; unset means Slurm runs on this machine."
@@ -257,6 +262,7 @@ _OWN_TRAITS = {
 }
 _FLOATS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Float))
 _INTS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Int))
+_FLAGS = frozenset(name for name, trait in _OWN_TRAITS.items() if isinstance(trait, Bool))
 _ARGV_LISTS = frozenset({"command_prefix", "driver_hosts", "extra_sbatch", "ray_start_args"})
 
 
@@ -279,9 +285,20 @@ def _from_env(setting: str, text: str) -> Any:
             return _checked_own(setting, int(text))
         if setting in _FLOATS:
             return _checked_own(setting, float(text))
+        if setting in _FLAGS:
+            return _flag(text)
     except (ValueError, TraitError) as exc:
         raise SpecError(setting, text, f"a valid value in {source} ({exc})") from None
     return text
+
+
+def _flag(text: str) -> bool:
+    word = text.lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("true or false (1/0, yes/no) is allowed")
 
 
 def _checked_own(setting: str, value: Any) -> Any:

@@ -110,3 +110,12 @@ class ArgumentError(SlurmRayError):
 
 class HelpRequested(Exception):
     """``--help`` was given; the message is the help text."""
+
+
+class NoClusterError(SlurmRayError, RuntimeError):
+    """``ray.init()``, or a Ray call that would start Ray (a task's ``.remote()``, Ray Data),
+    in a kernel with no cluster connected: ``%slurm_ray up`` first (``SlurmRay.allow_local_ray``
+    lets Ray start on this host instead)."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this line, not a traceback
+        return [f"{type(self).__name__}: {self}"]

@@ -264,10 +264,22 @@ def _unreadable_entry(item: Unreadable) -> Entry:
     return Entry(item.id, None, status, error=item.error)
 
 
-def format_table(entries: Sequence[Entry]) -> str:
-    """A plain-text table of entries (or a sentence when there are none)."""
+def format_table(entries: Sequence[Entry], *, ended: bool = False) -> str:
+    """A plain-text table: live clusters first; the ended ones folded into one line (``ended``:
+    listed under them, as "recent")."""
     if not entries:
         return "no clusters"
+    live = [e for e in entries if e.record is None or not e.status.state.is_final]
+    gone = [e for e in entries if e not in live]
+    lines = [_rows(live)] if live else ["no live clusters"]
+    if gone and ended:
+        lines += ["", f"recent ({len(gone)} ended):", _rows(gone)]
+    elif gone:
+        lines.append(f"recent: {len(gone)} ended (list --all shows them)")
+    return "\n".join(lines)
+
+
+def _rows(entries: Sequence[Entry]) -> str:
     header = ("NAME", "ID", "JOB", "STATE", "NODES", "OWNER", "WHERE")
     rows = [header]
     notes = []

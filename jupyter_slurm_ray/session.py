@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .client.rayinit import guard_ray_init
 from .cluster import SlurmRayCluster
 from .config import SlurmRay, adapt_defaults, effective_setting, make_transport
 from .errors import SlurmRayError
@@ -28,6 +29,11 @@ class Session:
         self.clusters: dict[str, SlurmRayCluster] = {}
         self.current: SlurmRayCluster | None = None
         self.transports = Transports(lambda: make_transport(self.config))
+        guard_ray_init(self.local_ray_allowed)
+
+    def local_ray_allowed(self) -> bool:
+        """``SlurmRay.allow_local_ray`` (env over config): may ray.init() start a Ray here."""
+        return bool(effective_setting("allow_local_ray", self.config)[0])
 
     # -- building blocks ------------------------------------------------------------------
     def transport(self, target: str | None = None) -> Transport:

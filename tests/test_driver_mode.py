@@ -65,6 +65,7 @@ def assert_a_driver_on_its_own_node(job: NotebookJob, up: dict, nodes: int) -> N
     assert "Ray driver (auto:" in up["status"]
     ray = up["ray"]
     assert ray["client_connected"] is False and ray["initialized"] is True
+    assert ray["init_again_node"] is True
     assert ray["node_ip"] == node_address("node1")  # the driver's node is the kernel's host
     resources = ray["node_resources"]
     assert resources.get("CPU", 0) == 0 and resources.get("GPU", 0) == 0, resources

@@ -15,10 +15,12 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import psutil
 import pytest
 from IPython.testing.globalipapp import start_ipython
 
 from jupyter_slurm_ray import session as session_module
+from jupyter_slurm_ray.client.rayinit import NoClusterError
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.ui.magics import SlurmRayMagics
 
@@ -90,6 +92,40 @@ def test_a_request_sbatch_refuses_is_one_line_and_submits_nothing(run, name):
     assert [r for r in Registry().all() if r.name == name] == []
 
 
+def test_connect_driver_where_it_cannot_work_is_refused_before_anything_is_submitted(run, name):
+    started = time.monotonic()
+    _, err, error = run(f"%slurm_ray up --name {name} --connect driver")
+    line = one_line_error(err)
+    assert "connect = driver is not possible here" in line and "another user" in line, line
+    assert "nothing was submitted" in line and error is not None
+    assert time.monotonic() - started < 5  # not after a job's start
+    assert jobs_named(name) == []
+    assert [r for r in Registry().all() if r.name == name] == []
+
+
+def ray_started_here() -> list[str]:
+    """Ray's own daemons among this process's descendants: a Ray started on this host."""
+    daemons = ("gcs_server", "raylet")
+    return [p.name() for p in psutil.Process().children(recursive=True) if p.name() in daemons]
+
+
+def one_line_ray_refusal(out: str, error: BaseException | None) -> str:
+    """The one line a refused ``ray.init()`` shows in the shell (no traceback)."""
+    assert isinstance(error, NoClusterError), error
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines == [f"NoClusterError: {error}"], out
+    return lines[0]
+
+
+def test_ray_init_with_no_cluster_connected_is_one_line_and_starts_no_ray_here(run):
+    out, _, error = run("import ray\nray.init()")
+    assert "%slurm_ray up" in one_line_ray_refusal(out, error)
+    # Ray's own automatic ray.init() (a task's .remote()) meets the same line
+    out, _, error = run("@ray.remote\ndef one():\n    return 1\none.remote()")
+    one_line_ray_refusal(out, error)
+    assert ray_started_here() == []
+
+
 # -- one cluster started by this shell --------------------------------------------------------
 @pytest.fixture(scope="module")
 def started(shell: Shell, site) -> Iterator[dict]:
@@ -135,6 +171,24 @@ def test_up_printed_each_state_in_order_as_text_in_a_terminal(started):
     assert seen == [state for state in order if state in seen], started["out"]
     assert {"PENDING", "STARTING", "CONNECTED"} <= set(seen), started["out"]
     assert f"{started['name']} (" in started["out"].splitlines()[-2]  # the summary line
+
+
+def test_ray_init_after_up_means_the_cluster_and_starts_nothing_here(started, run):
+    cell = (
+        "import ray, socket\n"
+        "first = ray.init()\n"
+        "again = ray.init('auto', ignore_reinit_error=True)\n"
+        "@ray.remote\n"
+        "def where():\n"
+        "    return socket.gethostname()\n"
+        "host = ray.get(where.remote())\n"
+    )
+    _, _, error = run(cell)
+    assert error is None, error
+    namespace = get_ipython().user_ns
+    assert namespace["first"] is namespace["again"]
+    assert re.fullmatch(r"node\d", namespace["host"]), namespace["host"]
+    assert ray_started_here() == []
 
 
 def test_status_asks_slurm_and_shows_the_cluster(started, run):
@@ -199,6 +253,7 @@ def other(site, testbed) -> Iterator[dict]:
 
 def test_cell_body_lines_run_as_setup_before_ray(other, run):
     assert "CONNECTED" in other["out"]
+    assert "SIGTERM" not in other["out"]  # Ray's warning when it connects off the main thread
     out, _, error = run(f"%slurm_ray logs {other['name']}")
     assert error is None
     assert re.search(r"setup line ran on node\d", out)
@@ -223,8 +278,9 @@ def test_attach_after_a_kernel_restart_reconnects_to_the_detached_cluster(other)
     kernel.run("%load_ext jupyter_slurm_ray")
     out = kernel.run(f"%slurm_ray attach {job_id}")
     assert "CONNECTED" in out, out
-    out = kernel.run(
-        "import ray, socket\nprint(ray.get(ray.remote(lambda: socket.gethostname()).remote()))"
+    out = kernel.run(  # a Ray example's own ray.init() in a real kernel: the attached cluster
+        "import ray, socket\nray.init()\n"
+        "print(ray.get(ray.remote(lambda: socket.gethostname()).remote()))"
     )
     assert re.fullmatch(r"node\d\n", out), out
 
@@ -238,6 +294,10 @@ def test_down_by_name_stops_the_cluster(started, run):
     assert error is None and "STOPPED" in out
     assert not ray.is_initialized()
     assert job_fields(cluster.job_id)["JobState"] in ("CANCELLED", "COMPLETED")
+    # the next task meets the one line, and no Ray starts here in the cluster's stead
+    out, _, error = run("where.remote()")
+    one_line_ray_refusal(out, error)
+    assert ray_started_here() == []
 
 
 def test_down_all_stops_every_active_cluster_of_every_kernel(other, run):

@@ -31,6 +31,7 @@ from typing import Any
 from ..bootstrap.jsr_wire import TLS_VARIABLES, TlsFiles
 from ..errors import ConnectError
 from .deferral import defer_costly_imports
+from .rayinit import note_connected, note_disconnected, own_init
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,7 @@ def connect_ray_client(
     timeout: float = 20.0,
     attempts: int = 3,
     tls: TlsChoice = AS_IT_IS,
+    cluster: str = "",
 ) -> Any:
     """``ray.init("ray://…")`` with token auth (and the cluster's TLS: ``tls``, or Ray's TLS
     variables as this process has them); retries the known transient failure.
@@ -228,7 +230,6 @@ def connect_ray_client(
     set_client_environment(token_path, timeout, tls)
     import ray
 
-    _forbid_auto_init()
     direct_ray_client_channel()
 
     last: Exception | None = None
@@ -237,9 +238,10 @@ def connect_ray_client(
         tried = attempt
         started = time.monotonic()
         try:
-            with _quiet_thread_warning():
+            with _quiet_thread_warning(), own_init():
                 context = ray.init(address, logging_level=logging.WARNING, log_to_driver=True)
             log.info("connected to %s in %.1f s", address, time.monotonic() - started)
+            note_connected(context, cluster, client=True)
             return context
         except ConnectionError as exc:
             last = exc
@@ -260,6 +262,7 @@ def connect_driver(
     node_ip: str,
     temp_dir: str,
     tls: TlsChoice = AS_IT_IS,
+    cluster: str = "",
 ) -> Any:
     """``ray.init(address=<GCS>)`` as an ordinary driver, through this host's own Ray node
     (the one at ``node_ip`` whose temp dir is ``temp_dir``: other nodes may share the host),
@@ -274,10 +277,9 @@ def connect_driver(
     _reload_ray_auth_settings()
     import ray
 
-    _forbid_auto_init()
     started = time.monotonic()
     try:
-        with _quiet_thread_warning():
+        with _quiet_thread_warning(), own_init():
             context = ray.init(
                 address=gcs_address,
                 _node_ip_address=node_ip,
@@ -291,6 +293,7 @@ def connect_driver(
             f"could not connect to the Ray cluster at {gcs_address} as a driver: {exc}"
         ) from None
     log.info("connected to %s as a driver in %.1f s", gcs_address, time.monotonic() - started)
+    note_connected(context, cluster, client=False)
     return context
 
 
@@ -338,19 +341,8 @@ def disconnect_driver() -> None:
     clear_tls_environment()
 
 
-def _forbid_auto_init() -> None:
-    """No automatic ``ray.init()`` in this process from now on.
-
-    Otherwise, once the Slurm cluster is gone (cancelled, walltime) the next Ray call would
-    quietly start a local Ray on the login node instead of failing. ``ray.init()`` called
-    explicitly still works.
-    """
-    from ray._private import auto_init_hook
-
-    auto_init_hook.enable_auto_connect = False
-
-
 def _shutdown_quietly() -> None:
+    note_disconnected()
     import ray
 
     try:

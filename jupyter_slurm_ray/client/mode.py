@@ -24,7 +24,7 @@ from ..bootstrap.jsr_wire import SETTINGS_FILE
 from ..errors import SlurmRayError
 from ..naming import allocation_of, is_here_job_id
 from ..spec import ClusterSpec
-from ..transport import Transport
+from ..transport import LocalTransport, Transport
 
 __all__ = [
     "CLIENT",
@@ -32,6 +32,7 @@ __all__ = [
     "ConnectMode",
     "KernelPlace",
     "driver_obstacle",
+    "driver_precheck",
     "node_reaches_kernel",
     "nodes_reach",
 ]
@@ -97,6 +98,19 @@ def driver_obstacle(spec: ClusterSpec, job_dir: str, place: KernelPlace) -> str 
     if not in_allocation and place.on_cluster_network() is None:
         return "this kernel does not run in a Slurm job (nor on a host driver_hosts names)"
     return job_dir_obstacle(job_dir)
+
+
+async def driver_precheck(transport: Transport, job_dir_root: str) -> str | None:
+    """Why ``connect = "driver"`` cannot work for a job dir under ``job_dir_root``, known
+    before anything is submitted (None: it may, once the nodes reach this host)."""
+    if not isinstance(transport, LocalTransport):
+        return f"Slurm is reached through {transport.target}: the job dir is not on this host"
+    if not Path(job_dir_root).is_dir():
+        return f"the job dir root {job_dir_root} is not on this host's filesystem"
+    answer = await transport.run(["id", "-u"])
+    if answer.stdout.strip() != str(os.getuid()):
+        return "the cluster's job dir would belong to another user (command_prefix)"
+    return None
 
 
 def job_dir_obstacle(job_dir: str) -> str | None:

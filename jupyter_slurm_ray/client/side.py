@@ -219,7 +219,7 @@ class ClientSide:
         steps["imported"] = time.time()
         if mode.driver:
             try:
-                await self._connect_driver(token_path)
+                await self._connect_driver(token_path, spec.name)
             except ConnectError as exc:
                 if not mode.reason.startswith("auto"):
                     raise
@@ -237,12 +237,13 @@ class ClientSide:
                 timeout=timeout,
                 attempts=attempts,
                 tls=tls,
+                cluster=spec.name,
             )
         steps["connected"] = time.time()
         self.mode = mode
         self.connected = True
 
-    async def _connect_driver(self, token_path: str) -> None:
+    async def _connect_driver(self, token_path: str, name: str) -> None:
         ready = self.driver.ready_info if self.driver is not None else None
         if ready is None or self.driver is None or not self.driver.running:
             await self._forget_choice()
@@ -255,6 +256,7 @@ class ClientSide:
                 node_ip=ready.ip,
                 temp_dir=ready.temp_dir,
                 tls=ready.tls,
+                cluster=name,
             )
         except BaseException:
             await self._forget_choice()

@@ -186,7 +186,7 @@ class ClusterManager:
         cluster = SlurmRayCluster(
             spec, transport, registry=self.registry, adapt_defaults=self.adapt_defaults
         )
-        await cluster.up_async(wait=False)
+        await cluster.up_async(wait=False, connect=False)  # kernels connect, not the server
         self._clusters[cluster.id] = cluster
         self.inventory.expire()
         log.info("created cluster %s (job %s) from profile %s", cluster.id, cluster.job_id, profile)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 NAME_HELP = "a cluster name, id or Slurm job id"
+LIST_ALL_HELP = "also list the ended clusters of the last days (folded into one line otherwise)"
 NODES_HELP = "Ray nodes in all: the head's allocation plus one-node worker jobs"
 AMOUNT_HELP = "walltime to add: +30 (minutes) or a Slurm duration like +1:00:00"
 

@@ -15,7 +15,13 @@ from ..inventory import Orphan
 from ..session import Session
 from . import commands
 from .adaptcommand import adapt_command
-from .arguments import NAME_HELP, add_adapt_arguments, add_arguments, add_scale_arguments
+from .arguments import (
+    LIST_ALL_HELP,
+    NAME_HELP,
+    add_adapt_arguments,
+    add_arguments,
+    add_scale_arguments,
+)
 from .magic_args import add_doctor_arguments, setup_lines, spec_arguments
 
 __all__ = ["main", "parser"]
@@ -31,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sub.add_parser("list", help="every cluster in the registry, with Slurm's view of its job")
+    listing = sub.add_parser("list", help="every cluster in the registry, live ones first")
+    listing.add_argument("--all", action="store_true", help=LIST_ALL_HELP)
     _cluster_command(sub, "down", "stop a cluster (or --all)")
     _cluster_command(sub, "logs", "a cluster's job output, or one node's Ray log")
     _cluster_command(
@@ -125,7 +132,7 @@ def main(argv: Sequence[str] | None = None, ask: Ask = input) -> int:
 
 
 def _list(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    print(commands.list_table(session))
+    print(commands.list_table(session, ended=args.all))
     return 0
 
 

@@ -41,12 +41,12 @@ Confirm = Callable[[Orphan], bool]
 ConfirmRemoval = Callable[[str], bool]  # the question: remove these N things (size)?
 
 
-def list_table(session: Session) -> str:
-    """The registry's clusters reconciled with Slurm (ended ones past the retention are
-    forgotten first)."""
+def list_table(session: Session, *, ended: bool = False) -> str:
+    """The registry's clusters reconciled with Slurm, live ones first (ended ones past the
+    retention are forgotten first; the others folded into a line unless ``ended``)."""
     days = float(session.setting("record_retention_days", 7.0))
     session.registry().prune(days * 86400)
-    return format_table(run_sync(session.inventory().entries()))
+    return format_table(run_sync(session.inventory().entries()), ended=ended)
 
 
 def down(session: Session, name: str | None, *, everything: bool = False) -> list[str]:

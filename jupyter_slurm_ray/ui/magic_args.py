@@ -15,7 +15,13 @@ from typing import Any, NoReturn
 from ..elastic.groups import parse_group_option
 from ..errors import ArgumentError, HelpRequested
 from ..spec import ClusterSpec
-from .arguments import NAME_HELP, add_adapt_arguments, add_arguments, add_scale_arguments
+from .arguments import (
+    LIST_ALL_HELP,
+    NAME_HELP,
+    add_adapt_arguments,
+    add_arguments,
+    add_scale_arguments,
+)
 
 __all__ = [
     "SUBCOMMANDS",
@@ -195,7 +201,8 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         add(name, help).add_argument("name", nargs="?", help=_NAME_HELP)
 
     add("disconnect", "Disconnect this kernel's Ray Client (the cluster keeps running).")
-    add("list", "Every cluster in the registry (all kernels), with Slurm's view of its job.")
+    listing = add("list", "Every cluster in the registry (all kernels), live ones first.")
+    listing.add_argument("--all", action="store_true", help=LIST_ALL_HELP)
     add("panel", "Open the cluster panel (form, buttons, live status, log tail).")
 
     add_arguments("logs", add("logs", "Show the job's output, or one node's Ray log."), _NAME_HELP)
@@ -253,9 +260,10 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
 
 def parse(line: str, *, cell: bool = False) -> argparse.Namespace:
-    """Parse one magic line; ``cell`` (for %%slurm_ray) allows only ``up``."""
+    """Parse one magic line; ``cell`` (for %%slurm_ray) allows only ``up``. A ``#`` outside
+    quotes starts a comment (``-t 10  # ten minutes``)."""
     try:
-        words = shlex.split(line)
+        words = shlex.split(line, comments=True)
     except ValueError as exc:
         raise ArgumentError(f"%slurm_ray: cannot split the line: {exc}") from None
     root, _ = _build()

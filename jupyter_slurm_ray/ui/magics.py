@@ -148,7 +148,7 @@ class SlurmRayMagics(Magics):
         progress = self._show_live(cluster)
         try:
             try:
-                cluster.up(wait=False)
+                cluster.up(wait=False, connect=not args.no_connect)
             except SlurmRayError:
                 cluster.registry.delete(cluster.id)  # nothing was submitted: leave no record
                 raise
@@ -182,7 +182,7 @@ class SlurmRayMagics(Magics):
         display(cluster_mimebundle(cluster), raw=True)
 
     def _list(self, args: argparse.Namespace, cell: str | None) -> None:
-        print(commands.list_table(self.session))
+        print(commands.list_table(self.session, ended=args.all))
 
     def _logs(self, args: argparse.Namespace, cell: str | None) -> None:
         print(commands.logs(self.session, args.name, node=args.node, tail=args.tail))

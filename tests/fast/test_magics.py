@@ -30,6 +30,12 @@ def test_a_line_parses_into_the_subcommand_and_its_options():
     assert parse("down --all").all and parse("logs ray --tail 5").tail == 5
 
 
+def test_a_comment_after_the_line_is_ignored_and_a_quoted_hash_is_kept():
+    args = parse("up -N 2 -t 10  # ten minutes, two nodes")
+    assert (args.command, args.nodes, args.time) == ("up", "2", "10")
+    assert parse("up --setup 'echo #1' # the first").setup == ["echo #1"]
+
+
 @pytest.mark.parametrize("line", ["", "--help", "up --help", "config -h"])
 def test_help_is_raised_with_the_text_never_printed_nor_exiting(line):
     with pytest.raises(HelpRequested) as shown:

@@ -40,11 +40,13 @@ def what_ray_says() -> dict[str, object]:
     import ray.util.client
 
     mine = ray.get_runtime_context().get_node_id()
+    again = ray.init()  # a Ray example's own ray.init(): the connected cluster, not "twice"
     rows = [node for node in ray.nodes() if node["Alive"]]
     node = next(row for row in rows if row["NodeID"] == mine)
     return {
         "client_connected": ray.util.client.ray.is_connected(),
         "initialized": ray.is_initialized(),
+        "init_again_node": again.address_info.get("node_id", "") == mine,
         "node_ip": node["NodeManagerAddress"],
         "node_resources": node["Resources"],
         "cluster_nodes": sorted(
