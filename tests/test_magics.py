@@ -285,6 +285,29 @@ def test_attach_after_a_kernel_restart_reconnects_to_the_detached_cluster(other)
     assert re.fullmatch(r"node\d\n", out), out
 
 
+def test_interrupting_a_cell_cancels_the_ray_tasks_it_waits_for(other):
+    kernel = other["kernel"]  # a real kernel, attached through Ray Client
+    kernel.run(
+        "import ray, time\n"
+        "@ray.remote(num_cpus=0)\n"
+        "def slow():\n"
+        "    time.sleep(300)\n"
+        "refs = [slow.remote() for _ in range(2)]\n"
+    )
+    status, printed = kernel.run_interrupted("ray.get(refs)", after=3)
+    assert status == "error" and "KeyboardInterrupt" in printed, printed
+    assert "interrupted: cancelled 2 Ray tasks this cell was waiting for" in printed, printed
+    out = kernel.run(  # what Ray says of them now
+        "from ray.exceptions import TaskCancelledError\n"
+        "for ref in refs:\n"
+        "    try:\n"
+        "        ray.get(ref, timeout=60)\n"
+        "    except TaskCancelledError:\n"
+        "        print('cancelled')\n"
+    )
+    assert out.split() == ["cancelled", "cancelled"], out
+
+
 # -- stopping ---------------------------------------------------------------------------------
 def test_down_by_name_stops_the_cluster(started, run):
     import ray

@@ -318,17 +318,23 @@ class _NotMainThreadFilter(logging.Filter):
         return "current thread is not the main thread" not in record.getMessage()
 
 
+# Where Ray's "SIGTERM handler is not set" warning reaches this process: Ray's own ray.init, and
+# Ray Client's log stream, which relays the warning of the server's ray.init on the head (its
+# logger has no handler: Python's last resort prints the bare line into the notebook)
+_THREAD_WARNING_LOGGERS = ("ray._private.worker", "ray.util.client.logsclient")
+
+
 @contextlib.contextmanager
 def _quiet_thread_warning() -> Iterator[None]:
     """Hide Ray's "SIGTERM handler is not set" warning: we connect off the main thread on
-    purpose (the main thread belongs to the notebook), and Ray Client needs no handler."""
-    logger = logging.getLogger("ray._private.worker")
-    quiet = _NotMainThreadFilter()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+    purpose (the main thread belongs to the notebook), and Ray Client needs no handler; the
+    Ray Client server on the head connects off its main thread too. The filters stay: the
+    relayed line may come after the connect returned."""
+    for name in _THREAD_WARNING_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NotMainThreadFilter) for f in logger.filters):
+            logger.addFilter(_NotMainThreadFilter())
+    yield
 
 
 def disconnect_ray_client() -> None:

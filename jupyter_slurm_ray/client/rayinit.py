@@ -5,7 +5,8 @@ initialised (``auto_init_ray``: a task's ``.remote()``, Ray Data). After ``%slur
 Ray would answer that call with a second Ray started on this host (Ray Client does not take
 ``ray.init()`` over), or, as a driver, with "called twice"; with no cluster connected it
 quietly starts a Ray on a login node, where sites forbid computing. Ray has no hook before
-``init``, so ``ray.init`` is wrapped in this process once ``ray`` is imported (a one-shot import
+``init``, so ``ray.init`` is wrapped in this process once ``ray`` is imported (``ray.get`` and
+``ray.wait`` too: ``interrupts.py``) (a one-shot import
 hook when it is not yet: importing Ray costs seconds, and is deferred):
 
 - a cluster connected by the package: ``ray.init()`` and ``ray.init("auto")`` return its
@@ -29,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import NoClusterError
+from .interrupts import wrap_waits
 
 __all__ = [
     "NoClusterError",
@@ -107,6 +109,7 @@ def _live() -> bool:
 
 
 def _wrap(ray: ModuleType) -> None:
+    wrap_waits(ray)  # an interrupted ray.get/ray.wait cancels what it waits for
     original = ray.init
     if getattr(original, _WRAPPED, False):
         return

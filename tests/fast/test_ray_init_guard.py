@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jupyter_slurm_ray.client import rayinit
+from jupyter_slurm_ray.client import interrupts, rayinit
 from jupyter_slurm_ray.client.rayinit import NoClusterError
 
 
@@ -102,3 +102,44 @@ def test_ray_imported_later_is_wrapped_when_it_is_imported(monkeypatch, tmp_path
         assert not any(isinstance(f, rayinit._WrapOnImport) for f in sys.meta_path)
     finally:
         sys.modules.pop("ray", None)
+
+
+def test_an_interrupted_wait_cancels_the_tasks_it_waited_for(capsys):
+    class Ref:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    fake = types.ModuleType("ray")
+    cancelled: list[str] = []
+
+    forced: list[str] = []
+
+    def get(refs, timeout=None):
+        raise KeyboardInterrupt  # the notebook's ■ while waiting
+
+    def wait(refs, num_returns=1, timeout=None):
+        if timeout is None:
+            raise KeyboardInterrupt
+        return [r for r in refs if r.name != "b"], [r for r in refs if r.name == "b"]
+
+    def cancel(ref, *, recursive=True, force=False):
+        if ref.name == "actor":
+            raise TypeError("an actor task")
+        (forced if force else cancelled).append(ref.name)
+
+    fake.ObjectRef = Ref  # type: ignore[attr-defined]
+    fake.get, fake.wait, fake.cancel = get, wait, cancel  # type: ignore[attr-defined]
+    interrupts.wrap_waits(fake)
+    with pytest.raises(KeyboardInterrupt):
+        fake.get([Ref("a"), Ref("b"), Ref("actor"), "not a ref"])
+    assert cancelled == ["a", "b"] and forced == ["b"]  # b still ran after the grace
+    assert capsys.readouterr().err.strip() == (
+        "interrupted: cancelled 2 Ray tasks this cell was waiting for "
+        "(1 could not be cancelled: actor tasks or ended ones)"
+    )
+    with pytest.raises(KeyboardInterrupt):
+        fake.wait(Ref("c"))
+    assert cancelled[-1] == "c"
+    wrapped = fake.get
+    interrupts.wrap_waits(fake)
+    assert fake.get is wrapped

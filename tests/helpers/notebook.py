@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from jupyter_client.manager import KernelManager
 
@@ -41,6 +42,28 @@ class NotebookKernel:
         if reply["content"]["status"] != "ok":
             raise AssertionError(f"kernel cell failed:\n{code}\n{text}")
         return text
+
+    def run_interrupted(self, code: str, after: float, timeout: float = 120) -> tuple[str, str]:
+        """Execute ``code``, interrupt the kernel (the notebook's ■) ``after`` seconds; return
+        the cell's status and what it printed."""
+        outputs: list[str] = []
+        msg_id = self.client.execute(code)
+        time.sleep(after)
+        self.manager.interrupt_kernel()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self.client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            content = message["content"]
+            if message["msg_type"] == "stream":
+                outputs.append(content["text"])
+            elif message["msg_type"] == "error":
+                outputs.append("\n".join(content["traceback"]))
+            elif message["msg_type"] == "status" and content["execution_state"] == "idle":
+                break
+        reply = self.client.get_shell_msg(timeout=30)
+        return reply["content"]["status"], "".join(outputs)
 
     @property
     def pid(self) -> int:
