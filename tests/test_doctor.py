@@ -39,7 +39,9 @@ from .test_containers import IMAGE, needs_image
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
-CHECKS = ["ssh", "slurm", "request", "job_dir", "test_job", "python", "ray", "address"]
+CHECKS = [
+    "ssh", "slurm", "request", "job_dir", "test_job", "python", "ray", "libraries", "address",
+]  # fmt: skip
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from IPython.testing.globalipapp import start_ipython
 from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.client.rayinit import NoClusterError
 from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.ui.clientlimits import ray_data_through_client
 from jupyter_slurm_ray.ui.magics import SlurmRayMagics
 
 from .helpers.ipyshell import one_line_error
@@ -189,6 +190,16 @@ def test_ray_init_after_up_means_the_cluster_and_starts_nothing_here(started, ru
     assert namespace["first"] is namespace["again"]
     assert re.fullmatch(r"node\d", namespace["host"]), namespace["host"]
     assert ray_started_here() == []
+
+
+def test_ray_data_through_ray_client_says_why_and_how_to_get_a_driver(started, run):
+    out, _, error = run("import ray.data\nray.data.range(10).show(2)")
+    assert isinstance(error, AttributeError)  # Ray's own, from inside ray/data
+    assert ray_data_through_client(started["name"]) in out.splitlines(), out
+    assert "(Ray's error: AttributeError:" in out and "Traceback" not in out
+    # an error of the user's own is shown as IPython shows it
+    out, _, error = run("{}['missing']")
+    assert isinstance(error, KeyError) and "Ray Data" not in out and "KeyError" in out
 
 
 def test_status_asks_slurm_and_shows_the_cluster(started, run):

@@ -34,6 +34,7 @@ from .interrupts import wrap_waits
 
 __all__ = [
     "NoClusterError",
+    "client_connection",
     "guard_ray_init",
     "note_connected",
     "note_disconnected",
@@ -73,6 +74,12 @@ def note_connected(context: Any, name: str, *, client: bool) -> None:
 
 def note_disconnected() -> None:
     _state.context = None
+
+
+def client_connection() -> str | None:
+    """The name of the cluster this process is connected to through Ray Client (None: it is
+    not, or through a driver)."""
+    return _state.name if _state.client and _live() else None
 
 
 def own_init() -> Any:

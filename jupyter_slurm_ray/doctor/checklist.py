@@ -38,6 +38,7 @@ from ..slurm.memorypolicy import load_memory_policy
 from ..slurm.sitecheck import check_spec, chosen_partition, describe_partition
 from ..spec import ClusterSpec, format_walltime
 from ..transport import LocalTransport, Transport
+from .libraries import libraries_verdict
 from .report import Check, Report
 from .testjob import NodeReport, run_test_job
 
@@ -104,6 +105,7 @@ async def run_doctor(
     add(_test_job_check(node))
     add(_python_check(node, python_said, login_verdict, spec.container))
     add(_ray_check(spec, node))
+    add(_check("libraries", *libraries_verdict(spec, node.python)))
     add(_address_check(spec, node))
     verdict = driver_reach_verdict(
         not_driver, node.node, node.reached_back, node.reach_back_where, node.reach_back_error
@@ -112,8 +114,8 @@ async def run_doctor(
     add(protections_check(spec, node))
     add(extensions_check(server_extension_running))
     order = [
-        "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
-        "driver", "protections", "extensions",
+        "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray",
+        "libraries", "address", "driver", "protections", "extensions",
     ]  # fmt: skip
     report.checks.sort(key=lambda check: order.index(check.name))
     return report
@@ -128,6 +130,7 @@ _TITLES = {
     "test_job": "A test job runs",
     "python": "The cluster's Python runs on a node",
     "ray": "Ray on the node matches this kernel",
+    "libraries": "Ray Data's, Train's and Tune's libraries on the node match this kernel",
     "address": "The node's address is reachable",
     "driver": "The nodes reach this kernel (driver mode)",
     "protections": "Protections against other users of the nodes",

@@ -40,6 +40,9 @@ from ..transport import Transport
 
 __all__ = ["NodeReport", "run_test_job"]
 
+# What Ray Data, Train and Tune import beside Ray (ray[data,train,tune] brings them): the
+# node's versions are compared with this kernel's
+RAY_LIBRARY_DEPENDENCIES = ("numpy", "pandas", "pyarrow")
 TEST_JOB_MINUTES = 5  # the test job's walltime (shorter when the request is shorter)
 _TAG = "jupyter-slurm-ray-doctor"  # its comment: not a cluster's tag, so no inventory sees it
 _MARK = "JSR-DOCTOR-"
@@ -72,6 +75,13 @@ try:
     out["import_ray_seconds"] = round(time.perf_counter() - started, 3)
 except Exception as exc:
     out["ray"], out["ray_error"] = None, f"{type(exc).__name__}: {exc}"
+from importlib import metadata
+out["libraries"] = {}
+for name in asked.get("libraries", []):  # what Ray Data, Train and Tune import: their versions
+    try:
+        out["libraries"][name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        out["libraries"][name] = None
 if asked.get("pack_base_python"):  # a venv's pack links to its base interpreter
     import subprocess
     out["pack_base_python"], out["pack_base_version"] = asked["pack_base_python"], None
@@ -86,6 +96,7 @@ if asked.get("container"):  # Ray runs in the image: its Ray and Python are what
     image = jsr_base.Config(cluster_id="doctor", container=asked["container"],
                             container_runtime=asked["container_runtime"])
     out["host_python"], out["ray"], out["ray_error"] = out["python"], None, None
+    out["libraries"] = None  # the image's are not the node's Python's
     try:
         prefix = container.ray_command_prefix(image, asked["bind"], asked["gpus"])
         ray_v, python_v, seconds = container.container_versions(prefix, dict(os.environ))
@@ -350,6 +361,7 @@ async def _report_step(
         "bind": probe_dir or "/tmp",
         "gpus": spec.gpus_per_node > 0,
         "pack_base_python": _pack_base_python(spec),
+        "libraries": list(RAY_LIBRARY_DEPENDENCIES),
     }
     program = f"SOURCES = {_bootstrap_sources()!r}\n{_REPORT}"
     argv = [

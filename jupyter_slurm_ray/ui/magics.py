@@ -16,6 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from ..aio import run_sync
+from ..client.rayinit import client_connection
 from ..cluster import SlurmRayCluster
 from ..config import (
     POSITIVE_SETTINGS,
@@ -33,6 +34,7 @@ from ..spec import ClusterSpec, ignored_here
 from ..states import State
 from . import commands
 from .adaptcommand import adapt_command
+from .clientlimits import explain_ray_client_limits
 from .formatting import dashboard_links, status_line
 from .live import Notices, StatusView, TextProgress, frontend_has_widgets
 from .magic_args import ArgumentError, HelpRequested, parse, setup_lines, spec_arguments
@@ -70,6 +72,7 @@ class SlurmRayMagics(Magics):
         self.settings = SlurmRay(parent=shell)
         shell.configurables.append(self.settings)
         self.session = get_session(self.settings)
+        explain_ray_client_limits(shell, client_connection)
 
     @line_cell_magic
     def slurm_ray(self, line: str, cell: str | None = None) -> None:

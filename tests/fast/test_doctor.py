@@ -19,6 +19,7 @@ import pytest
 
 from jupyter_slurm_ray.client.connect import local_versions
 from jupyter_slurm_ray.doctor.checklist import Report, _check_submit, _pack_check, run_doctor
+from jupyter_slurm_ray.doctor.libraries import libraries_verdict
 from jupyter_slurm_ray.doctor.testjob import NodeReport
 from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.job.directory import (
@@ -136,8 +137,8 @@ async def test_the_report_is_a_table_text_and_json(transport, jobs_root):
     data = json.loads(report.to_json())
     assert data["ok"] is True
     assert [c["name"] for c in data["checks"]] == [
-        "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "address",
-        "driver", "protections", "extensions",
+        "ssh", "slurm", "submit", "request", "job_dir", "test_job", "python", "ray", "libraries",
+        "address", "driver", "protections", "extensions",
     ]  # fmt: skip
     protections = report.check("protections").detail
     assert protections.startswith("TLS: Ray's channels with the cluster's own CA")
@@ -433,3 +434,21 @@ async def test_over_ssh_no_sbatch_on_the_login_node_names_login_host():
     (check,) = checks
     assert check.status == "fail" and check.detail.startswith("no sbatch ssh://login.example:")
     assert check.fix == "set login_host to a login node that has Slurm's sbatch"
+
+
+@pytest.mark.parametrize(
+    ("node", "status", "words"),
+    [
+        ({"numpy": "2.1.0", "pandas": "2.2.3", "pyarrow": "18.0.0"}, "ok", "numpy 2.1.0, pandas"),
+        ({"numpy": "2.1.0", "pandas": None, "pyarrow": None}, "warn", "lacks pandas, pyarrow"),
+        ({"numpy": "1.26.4", "pandas": "2.2.3", "pyarrow": "18.0.0"}, "warn",
+         "has numpy 1.26.4 (here 2.1.0)"),
+    ],
+)  # fmt: skip
+def test_ray_datas_libraries_on_the_node_against_this_kernels(node, status, words):
+    here = {"numpy": "2.1.0", "pandas": "2.2.3", "pyarrow": "18.0.0"}
+    said, detail, fix = libraries_verdict(ClusterSpec(), {"libraries": node}, here)
+    assert said == status and words in detail
+    assert ("ray[default,data,train,tune]==" in fix) == (status == "warn")
+    assert libraries_verdict(ClusterSpec(), {"libraries": node}, {})[0] == "skip"
+    assert libraries_verdict(ClusterSpec(), None, here)[0] == "skip"  # its Python did not run
