@@ -29,7 +29,7 @@ from .helpers.ipyshell import one_line_error
 from .helpers.jobs import batch_script, job_fields, jobs_named
 from .helpers.notebook import NotebookKernel as Kernel
 from .helpers.site import configured_site
-from .helpers.testbed import node_ip_pattern
+from .helpers.testbed import USER, node_ip_pattern
 from .helpers.waiting import wait_for
 
 pytestmark = pytest.mark.testbed
@@ -200,6 +200,25 @@ def test_ray_data_through_ray_client_says_why_and_how_to_get_a_driver(started, r
     # an error of the user's own is shown as IPython shows it
     out, _, error = run("{}['missing']")
     assert isinstance(error, KeyError) and "Ray Data" not in out and "KeyError" in out
+
+
+def test_tune_through_ray_client_keeps_its_results_on_the_clusters_side(started, run):
+    cell = (
+        "from ray import tune\n"
+        "def trial(config):\n"
+        "    return {'score': config['x']}\n"
+        "tuner = tune.Tuner(\n"
+        "    trial,\n"
+        "    param_space={'x': tune.grid_search([1, 2])},\n"
+        "    run_config=tune.RunConfig(name='two-trials'),\n"
+        ")\n"
+        "best = tuner.fit().get_best_result(metric='score', mode='max')\n"
+    )
+    _, _, error = run(cell)
+    assert error is None, error  # not PermissionError: '/root/ray_results'
+    best = get_ipython().user_ns["best"]
+    assert best.metrics["score"] == 2
+    assert best.path.startswith(f"/home/{USER}/ray_results/two-trials/"), best.path  # job user's
 
 
 def test_status_asks_slurm_and_shows_the_cluster(started, run):

@@ -35,6 +35,7 @@ from .mode import (
     job_dir_obstacle,
     nodes_reach,
 )
+from .raydefaults import results_here_again, results_on_the_cluster
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,7 @@ class ClientSide:
                 tls=tls,
                 cluster=spec.name,
             )
+            results_on_the_cluster(await self.transport.home())  # Train's, Tune's
         steps["connected"] = time.time()
         self.mode = mode
         self.connected = True
@@ -267,6 +269,7 @@ class ClientSide:
         if self.connected:
             await asyncio.to_thread(ray_client.disconnect_ray_client)
             self.connected = False
+            results_here_again()
         await self._forget_choice()
 
     async def _forget_choice(self) -> None:
@@ -286,6 +289,8 @@ class ClientSide:
         if choice is not None:
             choice.cancel()
         self.mode = None
+
+        results_here_again()
 
         def drop() -> None:
             ray_client.disconnect_ray_client()
