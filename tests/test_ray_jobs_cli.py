@@ -52,7 +52,8 @@ def cluster(site) -> Iterator[SlurmRayCluster]:
 
 def ray_job(*argv: str, **environment: str) -> subprocess.CompletedProcess:
     """``ray job ARGV`` in a terminal of the login node, with the site's variables."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | environment
+    ours = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k not in ours} | environment
     return subprocess.run(
         [RAY, "job", *argv], capture_output=True, text=True, env=env, timeout=300, cwd="/"
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +35,18 @@ from ..registry import FINAL_RECORD_STATES, Registry
 from ..targets import Transports
 from .connect import ConnectionInfo
 
-__all__ = ["SCHEME", "dashboard_endpoint", "get_job_submission_client_cluster_info"]
+__all__ = [
+    "SCHEME",
+    "dashboard_endpoint",
+    "get_job_submission_client_cluster_info",
+    "point_ray_jobs_at",
+    "unpoint_ray_jobs",
+]
 
 SCHEME = "slurm_ray"
+# Ray's Jobs client takes its address from this variable before any other (even one given to
+# it): Ray's own examples' JobSubmissionClient("http://127.0.0.1:8265") then means the cluster
+API_SERVER_VARIABLE = "RAY_API_SERVER_ADDRESS"
 CONNECT_TIMEOUT = 10.0
 CHUNK = 64 * 1024
 
@@ -49,6 +59,21 @@ class Endpoint:
 
 _endpoints: dict[str, Endpoint] = {}  # by cluster id: one listener per cluster and process
 _listeners: list[asyncio.Server] = []
+
+
+def point_ray_jobs_at(name: str) -> None:
+    """While this process is connected to cluster ``name``: Ray's Jobs client (and ``ray job``
+    run from here, ``!ray job submit`` in a notebook) means it, unless the user set the
+    variable."""
+    current = os.environ.get(API_SERVER_VARIABLE)
+    if current is None or current.startswith(f"{SCHEME}://"):
+        os.environ[API_SERVER_VARIABLE] = f"{SCHEME}://{name}"
+
+
+def unpoint_ray_jobs() -> None:
+    """The variable gone again, if it is still the package's."""
+    if os.environ.get(API_SERVER_VARIABLE, "").startswith(f"{SCHEME}://"):
+        del os.environ[API_SERVER_VARIABLE]
 
 
 def get_job_submission_client_cluster_info(

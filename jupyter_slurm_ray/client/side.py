@@ -26,6 +26,7 @@ from ..spec import ClusterSpec
 from ..transport import Forward, LocalTransport, Transport
 from . import connect as ray_client
 from .drivernode import DriverNode
+from .jobaddress import point_ray_jobs_at, unpoint_ray_jobs
 from .mode import (
     CLIENT,
     DRIVER,
@@ -244,6 +245,7 @@ class ClientSide:
         steps["connected"] = time.time()
         self.mode = mode
         self.connected = True
+        point_ray_jobs_at(spec.name)  # RAY_API_SERVER_ADDRESS: Ray's Jobs client means it
 
     async def _connect_driver(self, token_path: str, name: str) -> None:
         ready = self.driver.ready_info if self.driver is not None else None
@@ -270,6 +272,7 @@ class ClientSide:
             await asyncio.to_thread(ray_client.disconnect_ray_client)
             self.connected = False
             results_here_again()
+            unpoint_ray_jobs()
         await self._forget_choice()
 
     async def _forget_choice(self) -> None:
@@ -291,6 +294,7 @@ class ClientSide:
         self.mode = None
 
         results_here_again()
+        unpoint_ray_jobs()
 
         def drop() -> None:
             ray_client.disconnect_ray_client()

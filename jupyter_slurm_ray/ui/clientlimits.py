@@ -5,9 +5,9 @@ for the driver's core worker, which a Ray Client process has not, and a notebook
 ``AttributeError: 'Worker' object has no attribute 'core_worker'`` (or a ``KeyError`` of a
 ``ClientObjectRef``) from deep inside ``ray/data``. When such an error comes out of Ray Data
 while this kernel is connected through Ray Client, the kernel shows instead one line that says
-why and how to get a driver, with Ray's own error after it. Any other error is shown as IPython
-shows it. Installed with the magics (IPython's ``set_custom_exc``, unless another handler holds
-it: there is one per shell).
+why and how to get a driver, with Ray's own error after it (Ray Data's log of its own stack
+trace is left out). Any other error is shown as IPython shows it. Installed with the magics
+(IPython's ``set_custom_exc``, unless another handler holds it: there is one per shell).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = ["explain_ray_client_limits", "ray_data_through_client"]
 log = logging.getLogger(__name__)
 
 _RAY_DATA = "/ray/data/"
+_RAY_DATA_LOGGER = "ray.data.exceptions"
 
 
 def ray_data_through_client(name: str) -> str:
@@ -61,4 +62,16 @@ def explain_ray_client_limits(shell: Any, through_client: Callable[[], str | Non
         return lines
 
     shell.set_custom_exc((AttributeError, KeyError), handler)
+    # Ray Data logs its own stack trace of the failure first ("Exception occurred in Ray Data
+    # or Ray Core internal code…"): through Ray Client that is this limitation, said above
+    logging.getLogger(_RAY_DATA_LOGGER).addFilter(_QuietThroughClient(through_client))
     return True
+
+
+class _QuietThroughClient(logging.Filter):
+    def __init__(self, through_client: Callable[[], str | None]) -> None:
+        super().__init__()
+        self.through_client = through_client
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and self.through_client() is not None)
