@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.bootstrap.jsr_wire import default_object_store_mb, ray_memory_mb
+
 from .helpers.bootstrap import (
     DEFAULT_SETUP,
     JobDir,
@@ -149,7 +151,9 @@ def test_two_clusters_share_a_node(jobs: list[JobDir]) -> None:
     for used in usage:
         assert used["hosts"] == [node]
         assert used["resources"]["CPU"] == 1
-        assert used["resources"]["object_store_memory"] == 300 * 1024 * 1024  # 30 % of 1000 MB
+        # what Ray's processes leave of the job's 1000 MB (30 % at most): jsr_wire's model
+        store_mb = default_object_store_mb(1000, ray_memory_mb(True, 1))
+        assert used["resources"]["object_store_memory"] == store_mb * 1024 * 1024
     for job in pair:
         cancel_and_check_cleanup(job)
 

@@ -131,9 +131,17 @@ def test_list_reconciles_the_records_with_slurm(transport, jobs, capsys):
     subprocess.run(["scancel", gone[1]], check=True)
     wait_for(lambda: last_state(gone[1]) == "CANCELLED", 15, "the cancel")
 
-    assert main(["list"]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert main(["list"]) == 0  # live clusters; the ended ones folded into one line
+    listed = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in listed.splitlines()[1:] if line.strip()}
     assert rows[queued[0]][2:4] == [queued[1], "PENDING"]
+    assert gone[0] not in rows and "ended (list --all shows them)" in listed
+    assert main(["list", "--all"]) == 0
+    rows = {
+        line.split()[0]: line.split()
+        for line in capsys.readouterr().out.splitlines()[1:]
+        if line.strip()
+    }
     assert rows[gone[0]][2:4] == [gone[1], "CANCELLED"]  # the record said READY
 
 

@@ -234,7 +234,7 @@ def test_the_text_output_is_a_checklist(site_env):
     assert any(line.strip().startswith("fix: ask for a time (-t)") for line in lines)
     passed = sum(line.startswith("✓ ") for line in lines)
     slow = sum(line.startswith("! Ray on the node") and "(slow: " in line for line in lines)
-    assert passed + slow == 9, done.stdout  # with "submit" (sbatch is here); slow: a busy node
+    assert passed + slow == 10, done.stdout  # with "submit" (sbatch is here); slow: a busy node
     protections = next(line for line in lines if "Protections against other users" in line)
     assert protections.startswith("✓ ") and "TLS: Ray's channels" in protections
     assert re.search(r"\(OpenSSL \d+\.\d+\.\d+ on the node\)", protections), protections

@@ -171,7 +171,8 @@ def test_the_allocations_end_ends_the_cluster_truthfully_and_leaves_nothing(note
     # another process (the CLI on the login node) lists the cluster as Slurm ended it
     listing = run_as_user(
         "env", f"JUPYTER_SLURM_RAY_STATE_DIR={notebook.work}/state", f"PYTHONPATH={REPO}",
-        str(VENV_PYTHON), "-c", "from jupyter_slurm_ray.ui.cli import main; main(['list'])",
+        str(VENV_PYTHON), "-c",
+        "from jupyter_slurm_ray.ui.cli import main; main(['list', '--all'])",
     ).stdout  # fmt: skip
     line = next(line for line in listing.splitlines() if job_id in line)
     assert "CANCELLED" in line.split(), listing

@@ -241,7 +241,7 @@ def test_stop_my_server_ends_alices_cluster_within_its_lease_nothing_left(alice,
     gone_after = wait_until_nothing_left(cluster["job_id"], job_dir, timeout=IDLE + 60)
     assert time.monotonic() - stopped <= IDLE + 60
     listed = subprocess.run(
-        [*runuser(alice.name), f"{user_venv()}/bin/jupyter", "slurm-ray", "list"],
+        [*runuser(alice.name), f"{user_venv()}/bin/jupyter", "slurm-ray", "list", "--all"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -72,8 +72,10 @@ def test_ray_job_submit_by_name_runs_a_job_and_its_logs_come_back(cluster):
     assert "succeeded" in done.stdout
     submission = re.search(r"raysubmit_\w+", done.stdout)
     assert submission is not None, done.stdout
-    # RAY_ADDRESS names it as well, for every ray job command
-    listed = ray_job("list", RAY_ADDRESS=address)
+    # RAY_ADDRESS names it as well, for every ray job command; a shell where Ray's token auth
+    # is on with another cluster's token (Ray's client would send that one) changes nothing
+    other = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a-token-of-another-cluster"}
+    listed = ray_job("list", RAY_ADDRESS=address, **other)
     assert listed.returncode == 0 and submission.group(0) in listed.stdout, listed.stderr
     logs = ray_job("logs", submission.group(0), RAY_ADDRESS=address)
     assert re.search(r"hello from node\d", logs.stdout), logs.stderr

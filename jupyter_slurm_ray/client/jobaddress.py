@@ -134,7 +134,10 @@ async def _endpoint(name: str, registry: Registry, transports: Transports) -> En
         url = dashboard_url("127.0.0.1", port).rstrip("/")
     else:
         url = dashboard_url(forward.local_host, forward.local_port).rstrip("/")
-    endpoint = _endpoints[record.id] = Endpoint(url, token_headers(token))
+    # and Ray's own header: where Ray's token auth is on in the process (RAY_AUTH_MODE), Ray's
+    # client would add an Authorization header of its own token, not this cluster's
+    headers = {**token_headers(token), "Authorization": f"Bearer {token}"}
+    endpoint = _endpoints[record.id] = Endpoint(url, headers)
     return endpoint
 
 

@@ -27,7 +27,10 @@ _saved: dict[str, str] = {}
 def results_on_the_cluster(cluster_home: str) -> str:
     """Ray's default results directory: ``<cluster_home>/ray_results`` from now on."""
     path = str(PurePosixPath(cluster_home) / "ray_results")
-    importlib.import_module(_CONSTANTS)  # Ray's own value first (light: Ray is imported)
+    try:
+        importlib.import_module(_CONSTANTS)  # Ray's own value first (light: Ray is imported)
+    except ImportError:  # ray[train] is not installed here: nothing names this machine
+        return path
     for name in (_CONSTANTS, *_COPIES):
         module = sys.modules.get(name)
         if module is not None and hasattr(module, _NAME):
