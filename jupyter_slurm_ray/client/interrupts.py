@@ -6,8 +6,8 @@ nobody will read, and the next cell queues behind it. Wrapped here (by ``rayinit
 ``ray.init``): on that interrupt, the tasks behind the ``ObjectRef`` the call was given are
 cancelled with ``ray.cancel`` (Ray raises ``KeyboardInterrupt`` in each task; ``recursive``: the
 tasks they started too; ``force`` for those still running after a grace), one line says how
-many, and the interrupt goes on as it was. An actor
-task Ray cannot cancel, or a ref that is no task's, is counted as not cancelled.
+many, and the interrupt goes on as it was. An actor's task that Ray does not cancel, or a ref
+that is no task's, is counted as not cancelled.
 """
 
 from __future__ import annotations

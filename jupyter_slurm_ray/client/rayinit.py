@@ -5,9 +5,9 @@ initialised (``auto_init_ray``: a task's ``.remote()``, Ray Data). After ``%slur
 Ray would answer that call with a second Ray started on this host (Ray Client does not take
 ``ray.init()`` over), or, as a driver, with "called twice"; with no cluster connected it
 quietly starts a Ray on a login node, where sites forbid computing. Ray has no hook before
-``init``, so ``ray.init`` is wrapped in this process once ``ray`` is imported (``ray.get`` and
-``ray.wait`` too: ``interrupts.py``) (a one-shot import
-hook when it is not yet: importing Ray costs seconds, and is deferred):
+``init``, so ``ray.init`` is wrapped in this process once ``ray`` is imported (through a
+one-shot import hook while it is not: importing Ray costs seconds, and is deferred), and
+``ray.get`` and ``ray.wait`` with it (``interrupts.py``):
 
 - a cluster connected by the package: ``ray.init()`` and ``ray.init("auto")`` return its
   context (keyword arguments that would change it are named in a warning);
