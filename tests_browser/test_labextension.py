@@ -19,6 +19,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect
 
 from tests.helpers.server import JupyterServer, jupyter_lab, start_cluster
+from tests.helpers.sidebar import open_recent
 
 
 @pytest.fixture(scope="module")
@@ -399,6 +400,12 @@ def test_forget_removes_an_ended_cluster(page, root, cluster):
     open_sidebar(page)
     item = card(page, cluster.id)
     expect(item.locator(".jp-SlurmRay-badge")).to_have_text(re.compile("STOPPED|CANCELLED"))
+    # an ended cluster is folded under the sidebar's "Recent: N ended" group
+    recent = page.locator(".jp-SlurmRay-recent summary")
+    expect(recent).to_have_text(re.compile(r"Recent: \d+ ended"))
+    expect(item).to_be_hidden()
+    open_recent(page)
+    expect(item).to_be_visible()
     expect(item.get_by_role("button", name="Stop")).to_be_disabled()
     item.get_by_role("button", name="Forget").click()
     dialog = page.locator(".jp-Dialog")

@@ -25,6 +25,7 @@ from jupyter_slurm_ray.ui.live import Notices
 from tests.helpers.clusters import cluster_spec
 from tests.helpers.jobs import queue_state
 from tests.helpers.server import JupyterServer, jupyter_lab
+from tests.helpers.sidebar import click_on_card
 from tests.helpers.testbed import runuser
 from tests.helpers.waiting import wait_for
 
@@ -119,7 +120,7 @@ def test_the_details_view_shows_the_usage(page, short_cluster, artifacts):
     """(Slurm may have ended the cluster by now: its usage is shown either way.)"""
     cluster, _ = short_cluster
     item = card(page, cluster.id)
-    item.get_by_role("button", name="Details").click()
+    click_on_card(page, cluster.id, "Details")  # its card may be folded by now (ended)
     details = page.locator(".jp-SlurmRay-details").last
     expect(details).to_contain_text(f"walltest ({cluster.id}), job {cluster.job_id}")
     expect(details).to_contain_text("CPU-hours allocated")

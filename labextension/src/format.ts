@@ -136,6 +136,19 @@ export const isUp = (state: string): boolean => UP.has(state);
 export const hasEnded = (cluster: ICluster): boolean =>
   cluster.final === true || isFinal(cluster.state);
 
+/**
+ * The sidebar's two parts, newest first: live clusters (and unreadable records, which may be
+ * alive), then the ended ones, folded under a "recent" group.
+ */
+export function liveThenEnded(clusters: ICluster[]): { live: ICluster[]; ended: ICluster[] } {
+  const newestFirst = [...clusters].reverse();
+  const ended = newestFirst.filter(c => !c.unreadable && hasEnded(c));
+  return { live: newestFirst.filter(c => !ended.includes(c)), ended };
+}
+
+/** The folded group's title: `Recent: 3 ended`. */
+export const recentTitle = (ended: number): string => `Recent: ${ended} ended`;
+
 /** Its record may be deleted: the server says so, or the record is unreadable. */
 export const canForget = (cluster: ICluster): boolean =>
   cluster.forgettable === true || cluster.unreadable === true;

@@ -24,6 +24,8 @@ import {
   ownerText,
   queueText,
   lastScalingDecision,
+  liveThenEnded,
+  recentTitle,
   scalingText,
   stateKind,
   timeLeftNow,
@@ -164,9 +166,31 @@ export class ClusterSidebar extends Widget {
       this._list.appendChild(empty);
       return;
     }
-    for (const cluster of [...listing.clusters].reverse()) {
+    const { live, ended } = liveThenEnded(listing.clusters);
+    for (const cluster of live) {
       this._list.appendChild(this._item(cluster, listing.reconciled_at));
     }
+    if (ended.length) {
+      this._list.appendChild(this._recent(ended, listing.reconciled_at));
+    }
+  }
+
+  /** The ended clusters, folded (open once the user opened it, across listings). */
+  private _recent(ended: ICluster[], reconciledAt: number): HTMLLIElement {
+    const group = el('li', 'jp-SlurmRay-recent') as HTMLLIElement;
+    const details = document.createElement('details');
+    details.open = this._recentOpen;
+    details.addEventListener('toggle', () => {
+      this._recentOpen = details.open;
+    });
+    const summary = el('summary', 'jp-SlurmRay-recentTitle', recentTitle(ended.length));
+    const list = el('ul', 'jp-SlurmRay-recentList');
+    for (const cluster of ended) {
+      list.appendChild(this._item(cluster, reconciledAt));
+    }
+    details.append(summary, list);
+    group.append(details);
+    return group;
   }
 
   /** One row; a record that cannot be shown becomes a row that says so, never a broken list. */
@@ -326,6 +350,7 @@ export class ClusterSidebar extends Widget {
   private _status: HTMLDivElement;
   private _poll: Poll;
   private _last: IClusterList | null = null;
+  private _recentOpen = false; // the ended clusters' group, as the user left it
   private _ticker = 0;
   private _warned: Set<string>; // clusters notified of their walltime warning
 }

@@ -4,11 +4,13 @@ import {
   connectionText,
   hasEnded,
   hms,
+  liveThenEnded,
   nodesLostText,
   ownerText,
   shortDuration,
   stateKind,
   timeLeftNow,
+  recentTitle,
   unreachableText,
   unreadableText
 } from '../src/format';
@@ -151,5 +153,27 @@ describe('connectionText', () => {
   it('is null otherwise, also for servers without the field', () => {
     expect(connectionText(cluster({ connect_mode: 'driver' }))).toBeNull();
     expect(connectionText(cluster({ state: 'CONNECTED' }))).toBeNull();
+  });
+});
+
+describe('liveThenEnded', () => {
+  it('puts live clusters and unreadable records first, newest first, then the ended ones', () => {
+    const listing = [
+      cluster({ id: 'a', state: 'STOPPED', final: true }),
+      cluster({ id: 'b', state: 'CONNECTED' }),
+      cluster({ id: 'c', state: 'FAILED' }),
+      cluster({ id: 'd', unreadable: true, state: 'UNREADABLE', final: true }),
+      cluster({ id: 'e', state: 'PENDING' })
+    ];
+    const { live, ended } = liveThenEnded(listing);
+    expect(live.map(c => c.id)).toEqual(['e', 'd', 'b']);
+    expect(ended.map(c => c.id)).toEqual(['c', 'a']);
+    expect(recentTitle(ended.length)).toBe('Recent: 2 ended');
+  });
+
+  it('has nothing to fold when every cluster is live', () => {
+    const { live, ended } = liveThenEnded([cluster({ id: 'x' })]);
+    expect(live).toHaveLength(1);
+    expect(ended).toHaveLength(0);
   });
 });
