@@ -176,10 +176,11 @@ def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
     started = time.time()
     cluster.adapt(minimum=1, maximum=3, idle_timeout=IDLE, max_pending=2)
     try:
-        workload = start_workload(cluster, tasks=12, seconds=12)
+        # 144 s of work in short tasks: a worker that joins late under load still gets some
+        workload = start_workload(cluster, tasks=24, seconds=6)
         wait_for(lambda: alive(cluster) == 3, QUEUE_WAIT, "3 nodes alive")
         result = finish(workload)
-        assert result["done"] == list(range(12))
+        assert result["done"] == list(range(24))
         assert len(result["hosts"]) == 3  # the worker nodes did work
         wait_for(
             lambda: cluster.refresh().nodes_wanted == 1 and not cluster.status.worker_jobs,
@@ -220,11 +221,12 @@ def test_grows_for_pending_tasks_and_shrinks_when_idle_without_a_loop(cluster):
 
 @pytest.fixture
 def blocker():
-    """bob's job holding the solo partition's other nodes: both, or the one a job that is
-    still ending leaves free (a node range: it starts with what is idle, and the partition is
-    full either way)."""
+    """bob's job holding the solo partition's other two nodes, once a job of the last solo
+    test has ended on them: holding only one while such a job ends on the other, it left a node
+    that freed up later, where a worker job meant to stay pending started (seen under load)."""
+    wait_for(lambda: idle_nodes(SOLO) >= 2, QUEUE_WAIT, "the two other nodes idle")
     done = subprocess.run(
-        [*runuser("bob"), "sbatch", "--parsable", "-p", SOLO, "-N1-2", "--exclusive", "-t", "5",
+        [*runuser("bob"), "sbatch", "--parsable", "-p", SOLO, "-N2", "--exclusive", "-t", "5",
          "-J", "adapt-blocker", "-D", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
