@@ -11,6 +11,8 @@ import pytest
 
 from jupyter_slurm_ray.client import interrupts, rayinit
 from jupyter_slurm_ray.client.rayinit import NoClusterError
+from jupyter_slurm_ray.config import SlurmRay, effective_setting
+from jupyter_slurm_ray.errors import SpecError
 
 
 class FakeRay(types.ModuleType):
@@ -143,3 +145,19 @@ def test_an_interrupted_wait_cancels_the_tasks_it_waited_for(capsys):
     wrapped = fake.get
     interrupts.wrap_waits(fake)
     assert fake.get is wrapped
+
+
+@pytest.mark.parametrize(("text", "allowed"), [("1", True), ("yes", True), ("0", False)])
+def test_the_opt_in_comes_from_its_variable_too(text, allowed):
+    value, source = effective_setting(
+        "allow_local_ray", SlurmRay(), {"JUPYTER_SLURM_RAY_ALLOW_LOCAL_RAY": text}
+    )
+    assert (value, source) == (allowed, "env JUPYTER_SLURM_RAY_ALLOW_LOCAL_RAY")
+
+
+def test_an_opt_in_that_is_not_a_yes_or_no_names_its_variable():
+    with pytest.raises(SpecError) as refused:
+        effective_setting(
+            "allow_local_ray", SlurmRay(), {"JUPYTER_SLURM_RAY_ALLOW_LOCAL_RAY": "maybe"}
+        )
+    assert "JUPYTER_SLURM_RAY_ALLOW_LOCAL_RAY" in str(refused.value)
