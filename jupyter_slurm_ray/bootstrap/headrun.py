@@ -26,9 +26,12 @@ from container import container_versions
 from dashapi import AliveNode, Dashboard
 from dashrelay import DashboardRelay
 from jsr_base import (
+    RETRY_MIN_TIME,
     BootstrapError,
     PortConflict,
+    RayExitedEarly,
     job_id,
+    ray_startup_timed_out,
     renew_token,
     run_text,
     short_hostname,
@@ -85,6 +88,7 @@ class HeadRun(NodeRun):
         self.clients_told = False  # connection.json written for this attempt (head_ready)
         self.allocation_end: AllocationEnd | None = None  # mode 'here': the walltime warning
         self.joining_until = 0.0  # a worker job started: alive nodes asked often until then
+        self.head_retried = False  # `ray start --head` was started again once (head_retry)
 
     def main(self) -> str:
         self.events.phase(Phase.BOOTSTRAP, job_id=job_id(), pid=os.getpid(), python=sys.executable)
@@ -120,6 +124,8 @@ class HeadRun(NodeRun):
                 break
             except PortConflict as conflict:
                 self.move_head(conflict, ray, toward)
+            except RayExitedEarly as exited:
+                self.restart_head(exited, ray, toward)
         if stop:
             return stop
         self.write_connection(versions)
@@ -149,6 +155,18 @@ class HeadRun(NodeRun):
         if renew:
             renew_token(self.job_dir / TOKEN_FILE)
         self.give_up_ports(conflict, new_token=renew)
+        self.start_head(ray, toward)
+
+    def restart_head(self, exited: RayExitedEarly, ray: str, toward: str | None) -> None:
+        """Ray's own start-up wait ran out (a busy node): Ray once again, on a new block and
+        with a new token, if start_timeout leaves time; else BootstrapError."""
+        if self.head_retried or self.deadline - time.monotonic() < RETRY_MIN_TIME:
+            raise BootstrapError(exited.reason, exited.log)
+        self.head_retried = True
+        self.events.emit(Event.HEAD_RETRY, reason=exited.reason, log=exited.log)
+        self.forget_head()
+        renew_token(self.job_dir / TOKEN_FILE)  # clients were not told: nothing holds it
+        self.stop()
         self.start_head(ray, toward)
 
     def forget_head(self) -> None:
@@ -299,7 +317,10 @@ class HeadRun(NodeRun):
             self.check_ports()  # its last words may name a taken port
             reason = self.memory_kills(fatal=True)  # the job's memory limit: say so, not Ray's
             said = f"`ray start --head` exited with status {code}"
-            raise BootstrapError(reason or said, self.ray.tail())
+            tail = self.ray.tail()
+            if not reason and not self.clients_told and ray_startup_timed_out(tail):
+                raise RayExitedEarly(f"{said}: its raylet did not register in Ray's 30 s", tail)
+            raise BootstrapError(reason or said, tail)
 
     def read_worker_events(self, ready: bool) -> None:
         for event in self.tail.read():

@@ -28,7 +28,18 @@ class BootstrapError(Exception):
 
 
 class RayExitedEarly(BootstrapError):
-    """A worker's `ray start` gave up before joining (e.g. Ray's own 30 s raylet wait)."""
+    """A node's `ray start` gave up before it was up (e.g. Ray's own 30 s raylet wait)."""
+
+
+# What `ray start` says when its raylet did not register within Ray's fixed 30 s (node.py):
+# a busy node, not a broken setup
+RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
+# a node retries `ray start` once if this much of start_timeout is left (s)
+RETRY_MIN_TIME = 20.0
+
+
+def ray_startup_timed_out(log: list[str]) -> bool:
+    return any(RAY_STARTUP_TIMEOUT in line for line in log)
 
 
 class PortConflict(BootstrapError):

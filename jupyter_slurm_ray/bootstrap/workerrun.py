@@ -15,13 +15,19 @@ import time
 from typing import Any
 
 from dashapi import port_open
-from jsr_base import BootstrapError, HeadMoved, PortConflict, RayExitedEarly, gcs_address
+from jsr_base import (
+    RETRY_MIN_TIME,
+    BootstrapError,
+    HeadMoved,
+    PortConflict,
+    RayExitedEarly,
+    gcs_address,
+)
 from jsr_wire import HEAD_FILE, NODES_FILE, Event, Role, ray_log
 from noderun import API_PERIOD, TICK, NodeRun
 from procgroups import RayProcess
 from rayports import node_id
 
-RETRY_MIN_TIME = 20.0  # a worker retries `ray start` once if this much start time is left
 HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
 
 
