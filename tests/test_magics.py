@@ -243,6 +243,8 @@ def test_dashboard_gives_a_link(started, run):
     out, _, error = run("%slurm_ray dashboard")
     assert error is None
     assert re.search(rf"direct: https://{node_ip_pattern()}:\d+/", out)  # the head's relay
+    # no Jupyter server runs this kernel: where to get a link that works without the token
+    assert f"`jupyter slurm-ray dashboard {started['name']}` serves the dashboard" in out
 
 
 def test_disconnect_then_connect(started, run):

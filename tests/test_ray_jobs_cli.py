@@ -1,4 +1,5 @@
-"""Ray's own Jobs tools find a cluster by its name: ``slurm_ray://NAME`` (client/jobaddress.py).
+"""Ray's own Jobs tools find a cluster by its name: ``slurm_ray://NAME`` (client/jobaddress.py);
+and ``jupyter slurm-ray dashboard NAME`` opens its dashboard from a terminal.
 
 A cluster is started (not connected: nothing of Ray in this process), then Ray's ``ray job``
 command line is run from a terminal of the login node as a user would, with the site's
@@ -9,7 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +94,52 @@ def test_an_unknown_name_is_one_clear_error(cluster):
     done = ray_job("list", "--address", "slurm_ray://no-such-cluster")
     assert done.returncode != 0
     assert "no cluster of that name, id or job id in your registry" in done.stderr
+
+
+DASHBOARD_URL = re.compile(r"Ray dashboard of \S+: (http://127\.0\.0\.1:(\d+)/\S+/)")
+
+
+def test_the_dashboard_command_serves_it_on_loopback_behind_an_unguessable_link(cluster):
+    """``jupyter slurm-ray dashboard NAME`` from a terminal: a URL on 127.0.0.1 that works
+    while the command runs, with the dashboard's pages and API behind it; the same server
+    without the link's segment answers nothing of the cluster, and Ctrl-C ends it all."""
+    command = [str(Path(VENV_PYTHON).parent / "jupyter-slurm-ray"), "dashboard", cluster.spec.name]
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/"
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        found = DASHBOARD_URL.search(first)
+        assert found, first + (server.stderr.read() if server.poll() is not None else "")
+        url, port = found.group(1), int(found.group(2))
+        status, body = fetch(url + "api/version")
+        assert status == 200 and '"ray_version"' in body, (status, body[:300])
+        status, page = fetch(url)
+        assert status == 200 and "<html" in page.lower(), (status, page[:300])
+        guess = f"http://127.0.0.1:{port}/slurm-ray/dashboard/{cluster.id}/api/version"
+        status, body = fetch(guess)
+        assert status in (302, 403) and '"ray_version"' not in body, (status, body[:300])
+        assert fetch(url.replace("/~", "/~x") + "api/version")[0] == 404  # not a capability
+    finally:
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err[-2000:]
+    assert token_of(cluster) not in first + out + err
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens there any more
+
+
+def fetch(url: str) -> tuple[int, str]:
+    """GET without redirects or proxies: the status and the body."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect)
+    try:
+        with opener.open(url, timeout=60) as answer:
+            return answer.status, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")

@@ -26,7 +26,7 @@ from ..registry import Registry
 from ..targets import Transports
 from . import capabilities, handlers, pages, proxy, tokenroute
 from .backends import DashboardBackends
-from .capabilities import DashboardCapabilities
+from .capabilities import CAPABILITIES_SETTING, DashboardCapabilities
 from .manager import ClusterManager
 
 log = logging.getLogger(__name__)
@@ -80,19 +80,21 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
 
     web_app.add_handlers(
         ".*$",
-        handlers.route_specs(base_url, manager, doctor) + _dashboard_routes(base_url, backends),
+        handlers.route_specs(base_url, manager, doctor)
+        + _dashboard_routes(web_app, base_url, backends),
     )
     os.environ[DASHBOARD_BASE_ENV] = url_path_join(base_url, proxy.PREFIX) + "/"
     serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)
 
 
-def _dashboard_routes(base_url: str, backends: DashboardBackends) -> list[Any]:
+def _dashboard_routes(web_app: Any, base_url: str, backends: DashboardBackends) -> list[Any]:
     """The sandboxed and the login-protected proxy, capability links, the slash redirect."""
     from jupyter_server_proxy.handlers import AddSlashHandler
 
     prefix = url_path_join(base_url, proxy.PREFIX)
     cluster = r"([^/]+)"
     links_to = DashboardCapabilities()
+    web_app.settings[CAPABILITIES_SETTING] = links_to  # `jupyter slurm-ray dashboard` mints
     kwargs = {"backends": backends, "capabilities": links_to}
     links = url_path_join(base_url, capabilities.LINKS_PREFIX) + f"/{cluster}"
     return [

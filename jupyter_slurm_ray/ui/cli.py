@@ -1,5 +1,5 @@
-"""``jupyter slurm-ray list | down | logs | extend | scale | forget | gc | doctor``: the
-clusters, and whether they can work here, from a terminal (``--version``: the package's)."""
+"""``jupyter slurm-ray list | down | logs | extend | scale | forget | gc | doctor | dashboard``:
+the clusters, and whether they can work here, from a terminal (``--version``: the package's)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_doctor_arguments(doctor)
     doctor.add_argument("--json", action="store_true", help="the checklist as JSON")
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="serve a cluster's Ray dashboard on this host's loopback until Ctrl-C",
+        description="Prints a URL on 127.0.0.1 (forward that port to open it from a laptop: "
+        "ssh -L PORT:127.0.0.1:PORT). The URL holds an unguessable segment that stands for "
+        "this cluster while the command runs; the cluster's Ray token never leaves this "
+        "process.",
+    )
+    dashboard.add_argument("name", nargs="?", help=NAME_HELP)
+    dashboard.add_argument(
+        "--port", type=int, default=0, help="the local port (default: any free one)"
+    )
     return parser
 
 
@@ -210,6 +222,25 @@ def _doctor(session: Session, args: argparse.Namespace, ask: Ask) -> int:
     return 0 if report.ok else 1
 
 
+def _dashboard(session: Session, args: argparse.Namespace, ask: Ask) -> int:
+    from ..server.standalone import serve_dashboard
+
+    if not args.name:
+        raise SlurmRayError("give a cluster NAME, e.g. dashboard ray (list shows them)")
+    cluster = session.find(args.name)
+    if not cluster.state.is_up:
+        raise SlurmRayError(
+            f"{cluster.spec.name} has no dashboard now ({cluster.state}); it has one while "
+            "READY (jupyter slurm-ray list shows the state)"
+        )
+    serve_dashboard(cluster.id, cluster.spec.name, args.port, tell=_say)
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "list": _list,
     "down": _down,
@@ -220,6 +251,7 @@ _COMMANDS: dict[str, Callable[[Session, argparse.Namespace, Ask], int]] = {
     "gc": _gc,
     "forget": _forget,
     "doctor": _doctor,
+    "dashboard": _dashboard,
 }
 
 

@@ -47,6 +47,10 @@ __all__ = ["SlurmRayMagics", "load_ipython_extension"]
 _TIME_REQUIRED = (
     "a walltime is required: pass -t 1:00:00, or set %config SlurmRay.time or a profile's time"
 )
+DIRECT_DASHBOARD_HINT = (
+    "(the direct address asks for the cluster's token; from a terminal, "
+    "`jupyter slurm-ray dashboard {name}` serves the dashboard on loopback without it)"
+)
 _SESSION_SETTINGS = (
     "default_profile",
     "profiles_file",
@@ -253,6 +257,8 @@ class SlurmRayMagics(Magics):
             )
         url = links.get("proxied") or links["direct"]
         text = "\n".join(f"{kind}: {link}" for kind, link in links.items())
+        if "proxied" not in links:  # no Jupyter server with the extension runs this kernel
+            text += f"\n{DIRECT_DASHBOARD_HINT.format(name=cluster.spec.name)}"
         markup = f'<a href="{url}" target="_blank" rel="noopener">Ray dashboard of '
         markup += f"{cluster.spec.name}</a>"
         display({"text/plain": text, "text/html": markup}, raw=True)
