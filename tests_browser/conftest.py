@@ -28,6 +28,15 @@ CHROMIUM_ARGS = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here is marked ``browser`` (scripts/run-tests selects them by it where the
+    host's Chromium and Slurm are: the bookworm flavour)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Debian's Chromium (no downloaded browser builds here), one per test file.

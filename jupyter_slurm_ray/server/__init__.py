@@ -81,20 +81,28 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app.add_handlers(
         ".*$",
         handlers.route_specs(base_url, manager, doctor)
-        + _dashboard_routes(web_app, base_url, backends),
+        + _dashboard_routes(base_url, backends, _capabilities_in_settings(web_app)),
     )
     os.environ[DASHBOARD_BASE_ENV] = url_path_join(base_url, proxy.PREFIX) + "/"
     serverapp.log.info("jupyter_slurm_ray: clusters API and dashboard proxy at %s", registry.path)
 
 
-def _dashboard_routes(web_app: Any, base_url: str, backends: DashboardBackends) -> list[Any]:
+def _capabilities_in_settings(web_app: Any) -> DashboardCapabilities:
+    """The server's capabilities, in its settings: `jupyter slurm-ray dashboard` mints one."""
+    links_to = DashboardCapabilities()
+    web_app.settings[CAPABILITIES_SETTING] = links_to
+    return links_to
+
+
+def _dashboard_routes(
+    base_url: str, backends: DashboardBackends, links_to: DashboardCapabilities | None = None
+) -> list[Any]:
     """The sandboxed and the login-protected proxy, capability links, the slash redirect."""
     from jupyter_server_proxy.handlers import AddSlashHandler
 
     prefix = url_path_join(base_url, proxy.PREFIX)
     cluster = r"([^/]+)"
-    links_to = DashboardCapabilities()
-    web_app.settings[CAPABILITIES_SETTING] = links_to  # `jupyter slurm-ray dashboard` mints
+    links_to = links_to or DashboardCapabilities()
     kwargs = {"backends": backends, "capabilities": links_to}
     links = url_path_join(base_url, capabilities.LINKS_PREFIX) + f"/{cluster}"
     return [
