@@ -1,6 +1,7 @@
 """Ray's own documentation examples run as written, ``ray.init()`` left in, in both connect
-modes, as executed notebooks (``notebooks/ray_docs_examples.ipynb``: Ray Core's tasks and
-actors, Ray Data, Ray Tune, Ray Jobs; only its ``%slurm_ray up`` line is not Ray's).
+modes, as executed notebooks (``notebooks/ray_docs_examples.ipynb``: Ray Core's tasks, what a
+task prints, and actors, Ray Data, Ray Tune, Ray Jobs; only its ``%slurm_ray up`` line is not
+Ray's).
 
 - Ray Client: the notebook run by nbclient on the login node, as scripts/quickstart runs one.
   Ray Data does not run through Ray Client: its cell shows the one line that says so.
@@ -50,6 +51,10 @@ def cell_text(notebook: nbformat.NotebookNode, source_start: str) -> str:
 
 def assert_rays_examples_ran(notebook: nbformat.NotebookNode) -> None:
     assert "[0, 1, 4, 9]" in cell_text(notebook, "def square(x)")
+    # what the task printed shows under the cell that waited for it, not under the next one
+    printed = cell_text(notebook, "def task():")
+    assert re.search(r"\(task pid=\d+[^)]*\) task", printed), printed[-2000:]
+    assert "(task pid=" not in cell_text(notebook, "class Counter")
     assert cell_text(notebook, "class Counter").split()[-1] == "10"
     best = cell_text(notebook, "tune.Tuner(objective")
     assert re.search(r"\{'a': (0\.001|0\.01|0\.1|1\.0), 'b': [123]\}", best), best[-2000:]

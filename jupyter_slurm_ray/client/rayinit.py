@@ -7,7 +7,7 @@ Ray would answer that call with a second Ray started on this host (Ray Client do
 quietly starts a Ray on a login node, where sites forbid computing. Ray has no hook before
 ``init``, so ``ray.init`` is wrapped in this process once ``ray`` is imported (through a
 one-shot import hook while it is not: importing Ray costs seconds, and is deferred), and
-``ray.get`` and ``ray.wait`` with it (``interrupts.py``):
+``ray.get`` and ``ray.wait`` with it (``interrupts.py``, ``taskoutput.py``):
 
 - a cluster connected by the package: ``ray.init()`` and ``ray.init("auto")`` return its
   context (keyword arguments that would change it are named in a warning);
@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import NoClusterError
 from .interrupts import wrap_waits
+from .taskoutput import task_output
 
 __all__ = [
     "NoClusterError",
@@ -117,6 +118,7 @@ def _live() -> bool:
 
 def _wrap(ray: ModuleType) -> None:
     wrap_waits(ray)  # an interrupted ray.get/ray.wait cancels what it waits for
+    task_output.watch(ray)  # a cell that waited on Ray ends once its tasks' output arrived
     original = ray.init
     if getattr(original, _WRAPPED, False):
         return

@@ -17,6 +17,7 @@ from IPython.display import display
 
 from ..aio import run_sync
 from ..client.rayinit import client_connection
+from ..client.taskoutput import task_output
 from ..cluster import SlurmRayCluster
 from ..config import (
     POSITIVE_SETTINGS,
@@ -296,3 +297,6 @@ class SlurmRayMagics(Magics):
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_slurm_ray``."""
     ipython.register_magics(SlurmRayMagics(ipython))
+    # a cell that waited on Ray ends once what its tasks printed has arrived (under it)
+    if task_output.settle not in ipython.events.callbacks["post_run_cell"]:
+        ipython.events.register("post_run_cell", task_output.settle)
