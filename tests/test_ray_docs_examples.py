@@ -52,7 +52,7 @@ def cell_text(notebook: nbformat.NotebookNode, source_start: str) -> str:
 def assert_rays_examples_ran(notebook: nbformat.NotebookNode) -> None:
     assert "[0, 1, 4, 9]" in cell_text(notebook, "def square(x)")
     # what the task printed shows under the cell that waited for it, not under the next one
-    printed = cell_text(notebook, "def task():")
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", cell_text(notebook, "def task():"))  # Ray's colours
     assert re.search(r"\(task pid=\d+[^)]*\) task", printed), printed[-2000:]
     assert "(task pid=" not in cell_text(notebook, "class Counter")
     assert cell_text(notebook, "class Counter").split()[-1] == "10"
