@@ -128,6 +128,15 @@ def test_the_dashboard_command_serves_it_on_loopback_behind_an_unguessable_link(
     assert token_of(cluster) not in first + out + err
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens there any more
+    with socket.socket() as taken:  # a port someone else listens on: one line that says so
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = subprocess.run(
+            [*command, "--port", str(busy)], capture_output=True, text=True, timeout=60, cwd="/"
+        )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"error: --port: {busy} is taken on 127.0.0.1" in done.stderr, done.stderr[-2000:]
 
 
 def fetch(url: str) -> tuple[int, str]:

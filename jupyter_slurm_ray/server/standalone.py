@@ -49,7 +49,12 @@ def serve_dashboard(
 
     app = ServerApp()
     app.jpserver_extensions = {EXTENSION: True}
-    app.initialize(argv=dashboard_server_argv(port), find_extensions=False)
+    try:
+        app.initialize(argv=dashboard_server_argv(port), find_extensions=False)
+    except SystemExit as exc:  # Jupyter's way to say the port is taken
+        raise SlurmRayError(
+            f"--port: {port} is taken on 127.0.0.1: choose another, or 0 for any free one"
+        ) from exc
     capabilities = app.web_app.settings.get(CAPABILITIES_SETTING)
     if capabilities is None:
         raise SlurmRayError(f"the server extension {EXTENSION} did not load")

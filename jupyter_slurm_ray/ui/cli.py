@@ -104,8 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve a cluster's Ray dashboard on this host's loopback until Ctrl-C",
         description="Prints a URL on 127.0.0.1 (forward that port to open it from a laptop: "
         "ssh -L PORT:127.0.0.1:PORT). The URL holds an unguessable segment that stands for "
-        "this cluster while the command runs; the cluster's Ray token never leaves this "
-        "process.",
+        "this cluster while the command runs; the cluster's Ray token is never in a URL.",
     )
     dashboard.add_argument("name", nargs="?", help=NAME_HELP)
     dashboard.add_argument(
