@@ -36,7 +36,7 @@ settings.load_profile("jupyter-slurm-ray")
 LONGEST_FIRST = (
     "solo",  # 467: every solo test, one after the other
     "bob-squats-ports",  # 399: bob's port games, the hub's and OOD's modules
-    "neighbour-after-start",  # 220: bob on the running cluster, 75 s of it draining
+    "neighbour-after-start",  # 330: bob on the running cluster, three minutes of it draining
     "tests.test_cluster",  # 184
     "tests.test_bootstrap",  # 170
     "tests.test_faults",  # 145

@@ -51,7 +51,7 @@ pytestmark = pytest.mark.xdist_group("neighbour-after-start")
 
 TLS_HANDSHAKE = b"\x16\x03"  # a TLS record of type handshake: the ClientHello
 LISTEN = "0A"
-DRAIN_SECONDS = 75.0
+DRAIN_SECONDS = 180.0  # three minutes
 
 
 @pytest.fixture
@@ -295,7 +295,7 @@ print(json.dumps({"done": done, "failed": failed}))
 
 @pytest.mark.testbed
 @pytest.mark.ray
-def test_the_neighbour_taking_every_freed_worker_port_for_a_while_starves_nothing(
+def test_the_neighbour_taking_every_freed_worker_port_for_three_minutes_starves_nothing(
     jobs: list[JobDir], bobs: list[Bob]
 ) -> None:
     """Each task runs in a worker process of its own that exits after it (``max_calls=1``),
@@ -330,7 +330,7 @@ def test_the_neighbour_taking_every_freed_worker_port_for_a_while_starves_nothin
         f"{result['done']} done, {result['failed']} batches failed"
     )
     assert result["failed"] == 0, done.stderr[-3000:]
-    assert result["done"] >= 15 and len(taken) >= 10, (result, len(taken))
+    assert result["done"] >= 30 and len(taken) >= 10, (result, len(taken))
     assert not [e for e in job.events() if e["event"] == "ports_taken"]
     assert_no_token_reached(bob, tokens.stop())
     cancel_and_check_cleanup(job)
