@@ -299,7 +299,7 @@ def test_the_neighbour_taking_every_freed_worker_port_for_three_minutes_starves_
     jobs: list[JobDir], bobs: list[Bob]
 ) -> None:
     """Each task runs in a worker process of its own that exits after it (``max_calls=1``),
-    and bob takes its port the moment it is free, for DRAIN_SECONDS. The workers' ports are
+    and bob takes its port the moment it is free, for three minutes. The workers' ports are
     the kernel's choice (no range to drain): every task keeps running, and the cluster is
     never degraded."""
     job = JobDir.create(nodes=1, port_strategy="kernel")
