@@ -26,7 +26,7 @@ from .helpers.jobs import pending_or_running
 from .helpers.kernel import start_kernel
 from .helpers.paths import VENV_ACTIVATE, VENV_PYTHON
 from .helpers.server import JupyterServer, jupyter_server, start_cluster
-from .helpers.testbed import runuser
+from .helpers.testbed import ENFORCED_MEMORY, runuser
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed]
@@ -78,6 +78,8 @@ def root(tmp_path_factory) -> Path:
         f'setup = ["{VENV_ACTIVATE}"]\n'
         'object_store_memory = "200M"\n'
         "start_timeout = 180\n"
+        # where the site enforces memory, what a head needs (its default would be refused)
+        + (f'mem_per_node = "{ENFORCED_MEMORY}"\n' if ENFORCED_MEMORY else "")
     )
     return root
 
