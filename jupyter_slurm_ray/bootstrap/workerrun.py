@@ -22,6 +22,7 @@ from jsr_base import (
     PortConflict,
     RayExitedEarly,
     gcs_address,
+    ray_startup_timed_out,
 )
 from jsr_wire import HEAD_FILE, NODES_FILE, Event, Role, ray_log
 from noderun import API_PERIOD, TICK, NodeRun
@@ -29,6 +30,7 @@ from procgroups import RayProcess
 from rayports import node_id
 
 HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
+BUSY_RETRIES = 2  # `ray start` again after Ray's 30 s start-up wait ran out, at most
 
 
 class WorkerRun(NodeRun):
@@ -45,7 +47,7 @@ class WorkerRun(NodeRun):
         if head is None:
             return self.stop_reason()
         self.plan_node(head["head_ip"])
-        retried_early = False
+        early_retries = 0
         while True:
             try:
                 return self.join(ray, head)
@@ -57,9 +59,12 @@ class WorkerRun(NodeRun):
             except PortConflict as conflict:
                 self.give_up_ports(conflict)
             except RayExitedEarly as exc:
-                if retried_early or self.deadline - time.monotonic() < RETRY_MIN_TIME:
+                # once; twice when Ray's own start-up wait ran out (a busy node: the other
+                # nodes' start is over by then)
+                allowed = BUSY_RETRIES if ray_startup_timed_out(exc.log) else 1
+                if early_retries >= allowed or self.deadline - time.monotonic() < RETRY_MIN_TIME:
                     raise
-                retried_early = True
+                early_retries += 1
                 self.events.emit(Event.WORKER_RETRY, reason=exc.reason, log=exc.log)
                 self.stop()
             self.plan_node(head["head_ip"])
