@@ -25,6 +25,13 @@ JOB_TAG = "jupyter-slurm-ray:"
 #: The job comment of a cluster's extra worker jobs (scaling): WORKER_JOB_TAG + cluster id.
 WORKER_JOB_TAG = "jupyter-slurm-ray-worker:"
 
+#: The dashboard proxy's route under a Jupyter server's base URL (server/proxy.py).
+DASHBOARD_ROUTE = "slurm-ray/dashboard"
+
+#: Where the server extension keeps its dashboard capabilities, in its web app's settings
+#: (server/capabilities.py); `jupyter slurm-ray dashboard` (ui/dashboardserver.py) mints one.
+CAPABILITIES_SETTING = "slurm_ray_capabilities"
+
 #: Set by the Jupyter server extension for its kernels: the dashboard proxy's URL prefix.
 DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 

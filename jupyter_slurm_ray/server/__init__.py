@@ -21,12 +21,12 @@ from typing import Any
 
 from jupyter_server.utils import url_path_join
 
-from ..naming import DASHBOARD_BASE_ENV
+from ..naming import CAPABILITIES_SETTING, DASHBOARD_BASE_ENV
 from ..registry import Registry
 from ..targets import Transports
 from . import capabilities, handlers, pages, proxy, tokenroute
 from .backends import DashboardBackends
-from .capabilities import CAPABILITIES_SETTING, DashboardCapabilities
+from .capabilities import DashboardCapabilities
 from .manager import ClusterManager
 
 log = logging.getLogger(__name__)

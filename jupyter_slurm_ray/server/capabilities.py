@@ -24,8 +24,6 @@ from .backends import DashboardBackends
 from .proxy import PREFIX, DashboardError, _DashboardProxy
 
 LINKS_PREFIX = "slurm-ray/dashboard-links"
-# the server's DashboardCapabilities, in its web app's settings (`jupyter slurm-ray dashboard`)
-CAPABILITIES_SETTING = "slurm_ray_capabilities"
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from tornado import httpclient, httputil, web, websocket
 
 from ..bootstrap.dashhttp import TOKEN_HEADER, tls_context
 from ..errors import DashboardUnavailable, NotFound, SlurmRayError
+from ..naming import DASHBOARD_ROUTE
 from .answers import Answer, BadAnswer, HeadGone, HeadSilent
 from .backends import DashboardBackend, DashboardBackends
 from .relay import record_activity, relay
@@ -58,7 +59,7 @@ class Capabilities(Protocol):
 
 log = logging.getLogger(__name__)
 
-PREFIX = "slurm-ray/dashboard"
+PREFIX = DASHBOARD_ROUTE
 
 # Request headers that carry Jupyter's (or the browser's) credentials or per-hop state.
 _DROPPED_REQUEST_HEADERS = (

@@ -222,7 +222,7 @@ def _doctor(session: Session, args: argparse.Namespace, ask: Ask) -> int:
 
 
 def _dashboard(session: Session, args: argparse.Namespace, ask: Ask) -> int:
-    from ..server.standalone import serve_dashboard
+    from .dashboardserver import serve_dashboard
 
     if not args.name:
         raise SlurmRayError("give a cluster NAME, e.g. dashboard ray (list shows them)")

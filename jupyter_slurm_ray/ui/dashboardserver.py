@@ -2,7 +2,8 @@
 served alone on this host's loopback until the command is interrupted.
 
 A Jupyter server with this package's extension only (no Lab, no kernels) listens on
-127.0.0.1. The URL printed is the proxy's sandboxed capability route (``capabilities.py``): an
+127.0.0.1, the extension loaded by its name as Jupyter loads it (``jupyter-config/``). The URL
+printed is the proxy's sandboxed capability route (``server/capabilities.py``): an
 unguessable path segment that stands for one cluster in this process only, and is worth
 nothing once the command ends. Another user of the host who connects to the port without it
 gets nothing; the cluster's Ray token is added by the proxy, server-side, as in Lab, and is
@@ -20,8 +21,7 @@ from typing import Any
 from jupyter_server.utils import url_path_join
 
 from ..errors import SlurmRayError
-from .capabilities import CAPABILITIES_SETTING
-from .proxy import PREFIX
+from ..naming import CAPABILITIES_SETTING, DASHBOARD_ROUTE
 
 EXTENSION = "jupyter_slurm_ray.server"  # as jupyter-config enables it
 
@@ -58,7 +58,8 @@ def serve_dashboard(
     capabilities = app.web_app.settings.get(CAPABILITIES_SETTING)
     if capabilities is None:
         raise SlurmRayError(f"the server extension {EXTENSION} did not load")
-    path = url_path_join(app.base_url, PREFIX, cluster_id, f"~{capabilities.mint(cluster_id)}")
+    capability = capabilities.mint(cluster_id)
+    path = url_path_join(app.base_url, DASHBOARD_ROUTE, cluster_id, f"~{capability}")
 
     def bound() -> None:  # called after the server's own bind on the same loop
         tell(f"Ray dashboard of {name}: http://127.0.0.1:{app.port}{path}/")
