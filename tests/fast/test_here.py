@@ -48,6 +48,7 @@ from ..helpers.waiting import until
 from .conftest import emit, write_connection
 
 ME = getpass.getuser()
+OTHER = "carol" if ME == "bob" else "bob"  # another user, whoever runs the tests
 ALLOCATION = (
     "JobId=77 JobName=notebook UserId={user}(1000) GroupId=g(1000) JobState={state} "
     "Reason=None TimeLimit=01:00:00 NodeList=node[1-3] BatchHost=node1 NumNodes=3 NumCPUs=6 "
@@ -223,7 +224,7 @@ async def test_outside_an_allocation_nothing_is_asked_and_mode_is_named(slurm) -
 @pytest.mark.parametrize(
     ("allocation", "why"),
     [
-        (ALLOCATION.format(user="bob", state="RUNNING"), f"belongs to bob, not to {ME}"),
+        (ALLOCATION.format(user=OTHER, state="RUNNING"), f"belongs to {OTHER}, not to {ME}"),
         (ALLOCATION.format(user=ME, state="COMPLETING"), "job 77 is COMPLETING"),
         (None, "Slurm does not know job 77"),
     ],
