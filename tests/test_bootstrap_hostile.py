@@ -66,7 +66,8 @@ def test_a_neighbour_squatting_the_next_ports_never_gets_the_token(
     """bob squats after each new listener of alice's cluster on the head's node, or on a
     worker's."""
     node = 1 if role == "head" else 2
-    job = JobDir.create(nodes=2, port_range=list(WATCHED_RANGE))
+    # start_timeout 240 s: on a loaded CI machine the head's dashboard had not answered in 120
+    job = JobDir.create(nodes=2, port_range=list(WATCHED_RANGE), start_timeout=240.0)
     jobs.append(job)
     tokens = Tokens(job.path / "ray_token")
     bobs.append(Bob(node=node, mode="watch:{}-{}".format(*WATCHED_RANGE)))
@@ -74,7 +75,7 @@ def test_a_neighbour_squatting_the_next_ports_never_gets_the_token(
     job.submit(extra_sbatch=["--nodelist=node1,node2"])
     began = job.wait_started()["t"]
     end = job.wait_for_event(
-        lambda e: e["event"] in ("ready", "error") and e["role"] == "head", 240, fail_on_error=False
+        lambda e: e["event"] in ("ready", "error") and e["role"] == "head", 330, fail_on_error=False
     )
 
     events = job.events()

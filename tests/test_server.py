@@ -250,6 +250,12 @@ def test_hostile_and_broken_records_run_nothing_and_the_api_keeps_working(server
             (clusters / f"{cluster_id}.json").unlink(missing_ok=True)
 
 
+def log_tail(server, cluster_id: str) -> str:
+    response = server.get(f"{API}/{cluster_id}")
+    assert response.status_code == 200, response.text
+    return response.json()["log_tail"] or ""
+
+
 @pytest.mark.ray
 def test_a_log_that_is_not_utf8_and_a_cancel_keep_the_api_answering(server, root, testbed):
     cluster = SlurmRayCluster(
@@ -260,6 +266,8 @@ def test_a_log_that_is_not_utf8_and_a_cancel_keep_the_api_answering(server, root
     cluster.up(wait=False)
     try:
         wait_for(lambda: cluster.state is State.STARTING, 60, "the job to run")
+        # the setup's bytes written before the cancel (a loaded machine ran scancel first)
+        wait_for(lambda: "\ufffd" in log_tail(server, cluster.id), 60, "the setup's output")
         subprocess.run(["scancel", cluster.job_id], check=True)
         wait_for(lambda: cluster.state.is_final, 60, "the cancel")
         assert cluster.state is State.CANCELLED

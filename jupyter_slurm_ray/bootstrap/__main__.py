@@ -62,10 +62,11 @@ Every event line has t (time.time()), event, host and role (head|worker); then:
                          log: a port of the node's block was taken after the probe (Ray's
                          logs said so, or a listener of by_uids appeared there); Ray starts
                          again on another block, the head's with a new token
-    head_retry           reason, log: `ray start --head` gave up in Ray's own 30 s wait for
-                         its raylet (a busy node); once, Ray again on another block, with a
-                         new token, if start_timeout leaves 20 s (a worker's: worker_retry,
-                         twice for that cause, once for any other early exit)
+    head_retry           reason, log, attempt: `ray start --head` gave up in Ray's own 30 s
+                         wait for its raylet (a busy node); twice at most, Ray again on
+                         another block, with a new token, if start_timeout leaves 20 s (a
+                         worker's: worker_retry, twice for that cause, once for any other
+                         early exit)
     nodes                joined, wanted, hosts: the set of alive nodes changed
     node_lost            hosts, reason, joined, wanted, log: nodes left after ready
     worker_starting / worker_joined / worker_retry / worker_stopped   (role worker)

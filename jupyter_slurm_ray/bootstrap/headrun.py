@@ -26,6 +26,7 @@ from container import container_versions
 from dashapi import AliveNode, Dashboard
 from dashrelay import DashboardRelay
 from jsr_base import (
+    BUSY_RETRIES,
     RETRY_MIN_TIME,
     BootstrapError,
     PortConflict,
@@ -88,7 +89,7 @@ class HeadRun(NodeRun):
         self.clients_told = False  # connection.json written for this attempt (head_ready)
         self.allocation_end: AllocationEnd | None = None  # mode 'here': the walltime warning
         self.joining_until = 0.0  # a worker job started: alive nodes asked often until then
-        self.head_retried = False  # `ray start --head` was started again once (head_retry)
+        self.head_retries = 0  # times `ray start --head` was started again (head_retry)
 
     def main(self) -> str:
         self.events.phase(Phase.BOOTSTRAP, job_id=job_id(), pid=os.getpid(), python=sys.executable)
@@ -158,12 +159,15 @@ class HeadRun(NodeRun):
         self.start_head(ray, toward)
 
     def restart_head(self, exited: RayExitedEarly, ray: str, toward: str | None) -> None:
-        """Ray's own start-up wait ran out (a busy node): Ray once again, on a new block and
-        with a new token, if start_timeout leaves time; else BootstrapError."""
-        if self.head_retried or self.deadline - time.monotonic() < RETRY_MIN_TIME:
+        """Ray's own start-up wait ran out (a busy node): Ray again (BUSY_RETRIES times at
+        most), on a new block and with a new token, if start_timeout leaves time; else
+        BootstrapError."""
+        if self.head_retries >= BUSY_RETRIES or self.deadline - time.monotonic() < RETRY_MIN_TIME:
             raise BootstrapError(exited.reason, exited.log)
-        self.head_retried = True
-        self.events.emit(Event.HEAD_RETRY, reason=exited.reason, log=exited.log)
+        self.head_retries += 1
+        self.events.emit(
+            Event.HEAD_RETRY, reason=exited.reason, log=exited.log, attempt=self.head_retries + 1
+        )
         self.forget_head()
         renew_token(self.job_dir / TOKEN_FILE)  # clients were not told: nothing holds it
         self.stop()

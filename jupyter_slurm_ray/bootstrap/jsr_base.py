@@ -34,8 +34,11 @@ class RayExitedEarly(BootstrapError):
 # What `ray start` says when its raylet did not register within Ray's fixed 30 s (node.py):
 # a busy node, not a broken setup
 RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
-# a node retries `ray start` once if this much of start_timeout is left (s)
+# a node starts `ray start` again if this much of start_timeout is left (s)
 RETRY_MIN_TIME = 20.0
+# `ray start` again after Ray's 30 s start-up wait ran out, at most (on a busy node the second
+# try missed it too, in CI)
+BUSY_RETRIES = 2
 
 
 def ray_startup_timed_out(log: list[str]) -> bool:

@@ -185,7 +185,7 @@ class Event:
     OWNER_GONE = "owner_gone"
     PORT_LOCK_UNAVAILABLE = "port_lock_unavailable"
     PORTS_RETRY = "ports_retry"
-    HEAD_RETRY = "head_retry"  # Ray's own start-up wait ran out (a busy node): Ray once again
+    HEAD_RETRY = "head_retry"  # Ray's own start-up wait ran out (a busy node): Ray again
     OUT_OF_MEMORY = "out_of_memory"  # the kernel killed processes of the job at its limit
     PORTS_TAKEN = "ports_taken"  # once running: others listen on ports of the node's block
     PORTS_FREED = "ports_freed"  # ... and no longer do

@@ -16,6 +16,7 @@ from typing import Any
 
 from dashapi import port_open
 from jsr_base import (
+    BUSY_RETRIES,
     RETRY_MIN_TIME,
     BootstrapError,
     HeadMoved,
@@ -30,7 +31,6 @@ from procgroups import RayProcess
 from rayports import node_id
 
 HEAD_CHECK = 2.0  # once joined: how often head.json is read for a move (s)
-BUSY_RETRIES = 2  # `ray start` again after Ray's 30 s start-up wait ran out, at most
 
 
 class WorkerRun(NodeRun):
