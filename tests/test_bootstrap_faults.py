@@ -42,6 +42,7 @@ from .helpers.bootstrap import (
 from .helpers.clusters import processes_of
 from .helpers.faults import record_figure
 from .helpers.jobs import queue_state
+from .helpers.paths import NODES_SEE
 from .helpers.testbed import USER, node_ip
 
 # One worker runs every test where bob squats ports or holds the nodes' shared port lock: two
@@ -285,7 +286,7 @@ def test_a_job_dir_others_could_change_is_refused(
 ) -> None:
     group_writable = JOBS_ROOT / f"shared-{os.getpid()}"
     run_as_user("sh", "-c", 'mkdir -p "$1" && chmod 0775 "$1"', "sh", str(group_writable))
-    bobs = Path(f"/tmp/jsr-test-bob-{os.getpid()}")
+    bobs = Path(f"{NODES_SEE}/jsr-test-bob-{os.getpid()}")
     bobs.mkdir(mode=0o777)
     os.chmod(bobs, 0o777)
     os.chown(bobs, user_uid(BOB), user_uid(BOB))
@@ -411,7 +412,7 @@ def site_lock_dir() -> Iterator[Path]:
     Not the default path (SHARED): every cluster on the testbed would take a root-owned sticky
     dir there as the site's (test_lock_dir_choice) and wait for bob's lock, the other tests'
     too (seen: another module's claims missing from alice's private lock dir)."""
-    path = Path(tempfile.mkdtemp(prefix="jsr-site-ports-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="jsr-site-ports-", dir=NODES_SEE))
     os.chmod(path, 0o1777)
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -32,7 +32,7 @@ from jupyter_slurm_ray.doctor.checklist import _TITLES
 from .helpers.ipyshell import *  # noqa: F403  (the fixtures ipython_shell and magic)
 from .helpers.ipyshell import MagicShell
 from .helpers.jobs import in_queue
-from .helpers.paths import VENV_PYTHON, child_environment
+from .helpers.paths import NODES_SEE, VENV_PYTHON, child_environment
 from .helpers.site import cancel_recorded_jobs, configured_site
 from .helpers.testbed import USER, node_ip, runuser
 from .test_containers import IMAGE, needs_image
@@ -59,7 +59,7 @@ def site_env(tmp_path: Path, testbed) -> dict[str, str]:
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory every node sees and alice can read (pytest's tmp dirs are root's, 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="jsr-doctor-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="jsr-doctor-", dir=NODES_SEE))
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)

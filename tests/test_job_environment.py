@@ -45,7 +45,9 @@ ALLOWED = {"FOO_SETTING": "foo-4711"}
 # passed on: slurmstepd sets the user's SHELL (with HOME, USER, LOGNAME, MAIL, TMPDIR) from
 # the password database, whatever the submitter's is; bash counts its SHLVL; Ray and the
 # bootstrap set Ray's own RAY_* (RAY_CLIENT_MODE, RAY_USAGE_STATS_ENABLED, ...).
-SET_BY_THE_JOB_ITSELF = {"SHELL", "SHLVL"}
+# COLUMNS and LINES: a terminal's size, not the kernel's to leak. On trixie (Python 3.13, Slurm
+# 24.11) Ray Client's server had them at the kernel's values while the batch step had neither
+SET_BY_THE_JOB_ITSELF = {"SHELL", "SHLVL", "COLUMNS", "LINES"}
 SET_BY_RAY = "RAY_"
 
 

@@ -27,6 +27,7 @@ from jupyter_slurm_ray.transport import LocalTransport
 
 from .helpers.clusters import client_tls_environment, cluster_spec, last_json_line, processes_of
 from .helpers.jobs import in_queue
+from .helpers.paths import NODES_SEE
 from .helpers.testbed import SOLO, runuser
 from .helpers.waiting import wait_for
 
@@ -113,7 +114,7 @@ def test_scale_1_3_1_under_a_workload_finishes_every_task(cluster):
     address = f"ray://{info.head_ip}:{info.client_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(client_tls_environment(cluster.job_dir))
-    flag = Path(tempfile.mkdtemp(prefix="jsr-scale-", dir="/tmp")) / "go"
+    flag = Path(tempfile.mkdtemp(prefix="jsr-scale-", dir=NODES_SEE)) / "go"
     flag.parent.chmod(0o777)  # the tasks run as the test user
     workload = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(WORKLOAD), address, str(token), str(flag)],

@@ -114,7 +114,9 @@ and be writable by no one else, through their mode or an ACL (root's sticky dirs
 excepted), else: error. The same holds for the environment pack's directory.
 Ports are claimed under a lock in bootstrap.json's lock_dir (a real directory; the site's or
 user's choice), else in /tmp/jupyter-slurm-ray-ports if root provides it (owned by root,
-sticky), else in the private /tmp/jsr-<uid>/ports; only believable claims are honoured.
+sticky), else in the private /tmp/jsr-<uid>/ports (/var/tmp/jsr-<uid>/ports when the job's
+/tmp is its own: the user's other jobs on the node must see them); only believable claims are
+honoured.
 
 Only the standard library is used; Ray is driven through its ``ray`` command, since the
 cluster's Python may not have the ray package. ``sitepath/`` goes first on the PYTHONPATH of

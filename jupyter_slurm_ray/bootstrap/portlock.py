@@ -61,7 +61,7 @@ def lock_dir_for(configured: str | Path | None, notify: Notify) -> Path | None:
         if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and info.st_mode & stat.S_ISVTX:
             return SHARED_LOCK_DIR
     try:
-        return private_dir(user_temp_dir() / "ports")
+        return private_dir(user_temp_dir(node_wide=True) / "ports")
     except (OSError, BootstrapError) as exc:
         notify(f"no private port lock dir: {exc}")
         return None

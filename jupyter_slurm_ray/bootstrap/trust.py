@@ -69,20 +69,38 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def user_temp_dir() -> Path:
+def user_temp_dir(node_wide: bool = False) -> Path:
     """This user's private dir under /tmp (Ray's temp dirs, port locks, unpacked packs).
 
     /tmp/jsr-<uid>, found again by every job of this user on the node. Anyone can create that
     name first: then the first of /tmp/jsr-<uid>-1 … -7 that is this user's, and past those a
     fresh private one (nothing is shared between this user's jobs then, but the job runs).
+    node_wide (port claims, which this user's other jobs on the node must see): under
+    /var/tmp instead when this job's /tmp is its own (``tmp_private_to_job``).
     """
-    base = f"/tmp/jsr-{os.getuid()}"
+    parent = "/var/tmp" if node_wide and tmp_private_to_job() else "/tmp"
+    base = f"{parent}/jsr-{os.getuid()}"
     for name in (base, *(f"{base}-{n}" for n in range(1, USER_TEMP_NAMES))):
         try:
             return private_dir(Path(name))
         except (BootstrapError, OSError) as exc:
             print(f"jupyter-slurm-ray: not using {name}: {exc}", file=sys.stderr)
-    return Path(tempfile.mkdtemp(prefix=f"jsr-{os.getuid()}-", dir="/tmp"))
+    return Path(tempfile.mkdtemp(prefix=f"jsr-{os.getuid()}-", dir=parent))
+
+
+def tmp_private_to_job(mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether /tmp is a directory bound there for this job alone: its mount shows a root
+    other than "/" (Slurm's job_container/tmpfs binds <BasePath>/<job>/.tmp, as do SPANK
+    plugins such as auto_tmpdir). Slurm's usual Dirs=/tmp,/dev/shm leave /var/tmp node-wide."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return False
+    root = None  # of the last mount on /tmp: the one this job sees
+    for fields in (line.split() for line in lines):
+        if len(fields) > 4 and fields[4] == "/tmp":
+            root = fields[3]
+    return root not in (None, "/")
 
 
 def real_dir(path: Path) -> os.stat_result:

@@ -248,3 +248,38 @@ def test_a_kernel_assigned_ports_trouble_is_not_about_the_block(
     scan = portconflict.ConflictScan(block, ray_log, session)
     (session / log_name).write_text(KERNEL_ASSIGNED_LINES[log_name] + "\n")
     assert scan.check() is None
+
+
+# /proc/self/mountinfo lines: the host's /tmp, and a job's (job_container/tmpfs binds a
+# directory of its BasePath there)
+NODE_TMP = "36 25 0:32 / /tmp rw,nosuid,nodev shared:15 - tmpfs tmpfs rw\n"
+JOB_TMP = (
+    "812 36 259:1 /var/spool/slurmd/tmpfs/node1/12/.tmp /tmp rw,relatime - ext4 /dev/sda1 rw\n"
+)
+ROOT = "24 1 259:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+
+
+@pytest.mark.parametrize(
+    ("mountinfo", "private"),
+    [(ROOT, False), (ROOT + NODE_TMP, False), (ROOT + NODE_TMP + JOB_TMP, True), ("", False)],
+)
+def test_a_tmp_bound_for_the_job_alone_is_recognised(
+    tmp_path: Path, mountinfo: str, private: bool
+) -> None:
+    trust = bootstrap_module("trust")
+    (tmp_path / "mountinfo").write_text(mountinfo)
+    assert trust.tmp_private_to_job(str(tmp_path / "mountinfo")) is private
+    assert trust.tmp_private_to_job(str(tmp_path / "missing")) is False
+
+
+def test_port_claims_go_where_the_users_other_jobs_see_them(monkeypatch) -> None:
+    """Under /var/tmp when the job's /tmp is its own; Ray's temp dirs stay in that /tmp."""
+    trust = bootstrap_module("trust")
+    made: list[Path] = []
+    monkeypatch.setattr(trust, "private_dir", lambda path: made.append(path) or path)
+    uid = os.getuid()
+    monkeypatch.setattr(trust, "tmp_private_to_job", lambda: True)
+    assert trust.user_temp_dir(node_wide=True) == Path(f"/var/tmp/jsr-{uid}")
+    assert trust.user_temp_dir() == Path(f"/tmp/jsr-{uid}")
+    monkeypatch.setattr(trust, "tmp_private_to_job", lambda: False)
+    assert trust.user_temp_dir(node_wide=True) == Path(f"/tmp/jsr-{uid}")

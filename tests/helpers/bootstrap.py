@@ -335,13 +335,18 @@ def run_ray_client(job: JobDir, timeout: float = 150.0) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+PARENTS = ("/tmp", "/var/tmp")  # of the user's private dirs (bootstrap/trust.py user_temp_dir)
+
+
 def claims(lock_dir: str | None = None) -> list[dict[str, Any]]:
-    """The port claims in lock_dir (by default the user's private one) that are JSON objects.
+    """The port claims in lock_dir (by default the user's private ones: under /tmp, or under
+    /var/tmp where jobs have a /tmp of their own) that are JSON objects.
 
     Plain files only: another user may plant a FIFO (reading it would wait forever).
     """
     found = []
-    for path in Path(lock_dir or f"/tmp/jsr-{user_uid()}/ports").glob("*.claim"):
+    dirs = [lock_dir] if lock_dir else [f"{parent}/jsr-{user_uid()}/ports" for parent in PARENTS]
+    for path in (path for one in dirs for path in Path(one).glob("*.claim")):
         try:
             if not stat.S_ISREG(path.lstat().st_mode):
                 continue

@@ -15,6 +15,9 @@ VENV = Path(sys.prefix)
 VENV_PYTHON = VENV / "bin" / "python"
 VENV_ACTIVATE = f"source {VENV}/bin/activate"  # a setup line: Ray from this venv
 ARTIFACTS = REPO / "test-artifacts"  # screenshots, logs, fault figures (kept by CI)
+# A sticky dir that jobs on every node see, also where each job has a /tmp of its own
+# (job_container/tmpfs, the trixie flavour's): its default Dirs=/tmp,/dev/shm leave /var/tmp
+NODES_SEE = "/var/tmp"
 
 
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

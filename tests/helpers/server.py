@@ -209,10 +209,13 @@ def head_of(cluster: SlurmRayCluster) -> Head:
 
 
 def dashboard_log(cluster: SlurmRayCluster) -> str:
-    """The head's dashboard logs (all of them), read as the cluster's user."""
+    """The head's dashboard logs (all of them), read as the cluster's user by a step of its
+    job on the head's node: Ray's temp dir may be in the job's own /tmp (job_container/tmpfs)."""
     text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
-    temp_dir = json.loads(text).get("temp_dir")
-    if not temp_dir:
-        raise AssertionError(f"connection.json names no temp_dir: {text}")
-    argv = ["sh", "-c", 'cat -- "$1"/session_latest/logs/dashboard*', "sh", temp_dir]
+    connection = json.loads(text)
+    temp_dir, host = connection.get("temp_dir"), connection.get("head_host")
+    if not temp_dir or not host:
+        raise AssertionError(f"connection.json names no temp_dir or head_host: {text}")
+    step = ["srun", f"--jobid={cluster.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"]
+    argv = [*step, "sh", "-c", 'cat -- "$1"/session_latest/logs/dashboard*', "sh", temp_dir]
     return run_sync(cluster.transport.run(argv, check=False)).stdout
