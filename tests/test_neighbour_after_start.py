@@ -354,11 +354,11 @@ def test_ray_client_connects_while_the_neighbour_holds_rays_shared_client_port_r
     job = JobDir.create(nodes=1, port_strategy="kernel")
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
-    connection = job.wait_ready(120)
+    job.wait_ready(120)
     held = bobs[0].squatted()
     used = run_ray_client(job)
     assert used["hosts"] == ["node3"]
-    said = (Path(connection["temp_dir"]) / "session_latest/logs/ray_client_server.err").read_text()
+    said = job.head_log("ray_client_server.err")
     servers = [int(port) for port in re.findall(r"SpecificServer started on port: (\d+)", said)]
     log(f"bob held {len(held)} ports of 23000-23999; alice's client server on {servers}")
     assert len(held) >= 900  # the range, but ports another process had when bob began
@@ -410,9 +410,8 @@ def test_two_clusters_of_one_user_connect_at_once_on_one_node_at_the_first_attem
         assert client.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     log(f"two clusters on one node, connected at once: {results}")
-    for connection in connections:
-        logs = Path(connection["temp_dir"]) / "session_latest/logs/ray_client_server.err"
-        said = logs.read_text()
+    for job in pair:
+        said = job.head_log("ray_client_server.err")
         assert len(re.findall(r"SpecificServer started on port", said)) == 1, said[-2000:]
         assert "Not sending client" not in said and "Server startup failed" not in said
     for job in pair:

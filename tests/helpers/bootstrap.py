@@ -178,6 +178,14 @@ class JobDir:
     def connection(self) -> dict[str, Any]:
         return json.loads((self.path / "connection.json").read_text())
 
+    def head_log(self, name: str) -> str:
+        """A log of the head's Ray session, read by a step of the job on the head's node: Ray's
+        temp dir may be in the job's own /tmp (job_container/tmpfs)."""
+        connection = self.connection()
+        path = f"{connection['temp_dir']}/session_latest/logs/{name}"
+        step = ["srun", f"--jobid={self.job_id}", "--overlap", "-N1", "-n1"]
+        return run_as_user(*step, f"--nodelist={connection['head_host']}", "cat", "--", path).stdout
+
     def lease(self, content: str) -> None:
         write_as_user(self.path / "lease", content, 0o600)
 
