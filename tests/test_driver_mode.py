@@ -25,7 +25,7 @@ from .helpers.clusters import ProcessEnvironment, processes_of, wait_until_nothi
 from .helpers.jobs import in_queue
 from .helpers.notebookjob import NotebookJob
 from .helpers.paths import VENV_ACTIVATE, VENV_PYTHON
-from .helpers.testbed import ENFORCED
+from .helpers.testbed import ENFORCED, PRIVATE_TMP
 from .helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -111,26 +111,37 @@ def test_a_kernel_in_a_job_is_a_ray_driver_and_down_leaves_nothing(testbed):
 
 
 def test_a_kernel_on_the_heads_host_is_a_driver_through_the_heads_node(testbed):
-    """The cluster's head on node1, where the kernel runs: no second Ray node there."""
+    """The cluster's head on node1, where the kernel runs: no second Ray node there. Where
+    each job has a /tmp of its own, the head's node (its sockets, in the head job's /tmp) is
+    out of the kernel's reach: a node of its own then, and the reason says which."""
     job = NotebookJob.submit(
         PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down", json.dumps(["--nodelist=node1"])
     )
     try:
         job.wait("outer", 120)
         up = job.wait("up", 300)
-        assert up["connect_mode"] == "driver" and up["driver_through"] == "head", up
-        assert up["connect_reason"].startswith(
-            f"auto: this kernel runs in Slurm job {job.job_id} on node1"
-        ) and up["connect_reason"].endswith("reach the head's Ray node on this host"), up
+        through, words = ("", "its Ray node") if PRIVATE_TMP else ("head", "the head's Ray node")
+        assert up["connect_mode"] == "driver" and up["driver_through"] == through, up
+        assert (
+            up["connect_reason"].startswith(
+                f"auto: this kernel runs in Slurm job {job.job_id} on node1"
+            )
+            and words in up["connect_reason"]
+        ), up
         head = json.loads((Path(up["job_dir"]) / "connection.json").read_text())
-        assert head["head_host"] == "node1" and up["driver_temp_dir"] == head["temp_dir"]
+        assert head["head_host"] == "node1"
         ray = up["ray"]
         assert ray["client_connected"] is False and ray["initialized"] is True
         assert ray["node_ip"] == node_address("node1")
-        assert "slurm_ray_node" in ray["node_resources"]  # the head's node: it runs tasks
-        assert len(ray["cluster_nodes"]) == 3 and ray["all_nodes"] == 3, ray  # none of its own
         own_node = f"/d{up['driver_pid']}-"  # the temp dir a node of its own would have
-        assert not processes_matching([own_node])
+        if PRIVATE_TMP:
+            assert up["driver_temp_dir"] != head["temp_dir"] and ray["all_nodes"] == 4, ray
+            assert driver_processes(up["driver_temp_dir"]), "no Ray node on the kernel's host"
+        else:
+            assert up["driver_temp_dir"] == head["temp_dir"]
+            assert "slurm_ray_node" in ray["node_resources"]  # the head's node: it runs tasks
+            assert len(ray["cluster_nodes"]) == 3 and ray["all_nodes"] == 3, ray  # none its own
+            assert not processes_matching([own_node])
 
         objects = job.wait("objects", 240)
         assert objects["round_trip_equal"] and objects["digest_ok"], objects

@@ -23,7 +23,7 @@ from jupyter_slurm_ray.transport import LocalTransport
 from .helpers.clusters import cluster_spec, wait_until_nothing_left
 from .helpers.faults import record_figure
 from .helpers.jobs import in_queue
-from .helpers.paths import VENV, child_environment
+from .helpers.paths import USER_TEMP_PARENTS, VENV, child_environment
 from .helpers.testbed import runuser
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -64,8 +64,9 @@ def test_a_pack_from_the_laptop_is_built_once_unpacked_on_each_node_and_reused(t
         assert run["state"] == "CONNECTED" and run["final_state"] == "STOPPED"
         hosts = [host for host, _, _ in run["tasks"]]
         assert len(hosts) == 2 and len(set(hosts)) == 2  # one task on each node
-        for _, marker, executable in run["tasks"]:  # from the node-local unpacked venv
-            unpacked = f"/tmp/jsr-{alice_uid()}/env-venv-"
+        # from the node-local unpacked venv (under /var/tmp where jobs have a /tmp of their own)
+        unpacked = tuple(f"{parent}/jsr-{alice_uid()}/env-venv-" for parent in USER_TEMP_PARENTS)
+        for _, marker, executable in run["tasks"]:
             assert marker.startswith(unpacked) and marker.endswith("/jsr_pack_marker.py")
             assert executable.startswith(unpacked)
         assert not in_queue(run["job_id"])
@@ -100,8 +101,11 @@ def test_a_corrupt_archive_fails_the_cluster_fast_with_the_reason(tmp_path, test
     archive = packs.remote_archive(env, real_root)
     garbage = "this is not a tar archive\n"
     content = hashlib.sha256(garbage.encode()).hexdigest()[:16]  # what it would unpack to
-    unpacked = f"/tmp/jsr-{alice_uid()}/env-{env.kind}-{env.key}-{content}"
-    run_sync(transport.run(["rm", "-rf", "--", unpacked]))
+    unpacked = [
+        f"{parent}/jsr-{alice_uid()}/env-{env.kind}-{env.key}-{content}"
+        for parent in USER_TEMP_PARENTS
+    ]
+    run_sync(transport.run(["rm", "-rf", "--", *unpacked]))
     run_sync(transport.make_dir(os.path.dirname(archive)))
     run_sync(transport.write_file(archive, garbage))
     cluster = SlurmRayCluster(spec, transport, registry=Registry(tmp_path / "state"))

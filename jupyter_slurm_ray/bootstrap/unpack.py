@@ -8,8 +8,9 @@ must be this user's and changeable by no one else, and its content must have tha
 through one open file, which is then what is unpacked (a file swapped by its path afterwards is
 not). A different content is refused (event ``env_pack_replaced``): nothing is unpacked.
 
-It is unpacked into ``/tmp/jsr-<uid>/env-<kind>-<key>-<sha256 prefix>``, shared by this user's
-clusters on the node: under a lock (two jobs never unpack the same pack at once), into a
+It is unpacked into ``/tmp/jsr-<uid>/env-<kind>-<key>-<sha256 prefix>`` (``/var/tmp/jsr-<uid>``
+when the job's /tmp is its own: ``trust.user_temp_dir``), shared by this user's clusters on
+the node: under a lock (two jobs never unpack the same pack at once), into a
 temporary directory renamed when complete, with a marker (the full hash) written last; a
 directory whose marker has the hash is reused. The marker's mtime is renewed at each use;
 unpacked packs unused for PRUNE_AFTER are removed.
@@ -115,7 +116,7 @@ def unpacked(archive: Path, sha256: str) -> tuple[Path, bool]:
     if match is None:
         raise BootstrapError(f"{PACK_VARIABLE}={archive} does not name an environment pack")
     kind = match.group(1)
-    parent = user_temp_dir()
+    parent = user_temp_dir(node_wide=True)
     target = parent / f"env-{kind}-{match.group(2)}-{sha256[:16]}"
     with _node_lock(parent / f"{target.name}.lock"):
         marker = target / MARKER

@@ -117,7 +117,7 @@ def node_tmp(tmp_path, monkeypatch) -> Path:
     """The bootstrap's /tmp/jsr-<uid> (``trust.user_temp_dir``) moved under tmp_path."""
     moved = tmp_path / "tmp" / f"jsr-{os.getuid()}"
     moved.mkdir(parents=True, mode=0o700)
-    monkeypatch.setattr(unpack, "user_temp_dir", lambda: moved)
+    monkeypatch.setattr(unpack, "user_temp_dir", lambda node_wide=False: moved)
     return moved
 
 

@@ -27,7 +27,7 @@ from jupyter_slurm_ray.job.shipping import bootstrap_files
 
 from .clusters import client_tls_environment
 from .jobs import in_queue, queue_state
-from .paths import REPO, VENV_ACTIVATE, VENV_PYTHON
+from .paths import REPO, USER_TEMP_PARENTS, VENV_ACTIVATE, VENV_PYTHON
 from .testbed import USER, runuser
 
 BOOTSTRAP_DIR = REPO / "jupyter_slurm_ray" / "bootstrap"  # run as `python BOOTSTRAP_DIR ...`
@@ -207,7 +207,7 @@ class JobDir:
             for e in self.events()
             if e.get("temp_dir") and isinstance(e["temp_dir"], str)
         ]
-        found += [f"/tmp/jsr-{user_uid()}/{self.job_id}-"]
+        found += [f"{parent}/jsr-{user_uid()}/{self.job_id}-" for parent in USER_TEMP_PARENTS]
         return found
 
 
@@ -343,9 +343,6 @@ def run_ray_client(job: JobDir, timeout: float = 150.0) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-PARENTS = ("/tmp", "/var/tmp")  # of the user's private dirs (bootstrap/trust.py user_temp_dir)
-
-
 def claims(lock_dir: str | None = None) -> list[dict[str, Any]]:
     """The port claims in lock_dir (by default the user's private ones: under /tmp, or under
     /var/tmp where jobs have a /tmp of their own) that are JSON objects.
@@ -353,7 +350,11 @@ def claims(lock_dir: str | None = None) -> list[dict[str, Any]]:
     Plain files only: another user may plant a FIFO (reading it would wait forever).
     """
     found = []
-    dirs = [lock_dir] if lock_dir else [f"{parent}/jsr-{user_uid()}/ports" for parent in PARENTS]
+    dirs = (
+        [lock_dir]
+        if lock_dir
+        else [f"{parent}/jsr-{user_uid()}/ports" for parent in USER_TEMP_PARENTS]
+    )
     for path in (path for one in dirs for path in Path(one).glob("*.claim")):
         try:
             if not stat.S_ISREG(path.lstat().st_mode):

@@ -20,6 +20,7 @@ from jupyter_slurm_ray.job import packs
 from jupyter_slurm_ray.registry import Registry
 
 from .clusters import cluster_spec
+from .paths import USER_TEMP_PARENTS
 from .testbed import ssh_transport, testbed_from_environment
 
 WHERE_AND_WHAT = """
@@ -47,8 +48,10 @@ def run_tasks() -> list[list[str]]:
 def forget_every_copy(transport, env: packs.EnvironmentToPack, root: str) -> None:
     """The archive here, on the cluster side, and unpacked on the nodes: removed."""
     (packs.cache_dir() / env.archive_name).unlink(missing_ok=True)
-    unpacked = f"/tmp/jsr-$(id -u)/env-{env.kind}-{env.key}"  # and -<content hash> after it
-    script = f'rm -rf -- "$1" {unpacked} {unpacked}-*'
+    script = 'rm -rf -- "$1"'
+    for parent in USER_TEMP_PARENTS:  # unpacked: and -<content hash> after it
+        unpacked = f"{parent}/jsr-$(id -u)/env-{env.kind}-{env.key}"
+        script += f" {unpacked} {unpacked}-*"
     remote = packs.remote_archive(env, root)
     run_sync(transport.run(["sh", "-c", script, "sh", remote]))
 

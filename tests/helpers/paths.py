@@ -18,6 +18,9 @@ ARTIFACTS = REPO / "test-artifacts"  # screenshots, logs, fault figures (kept by
 # A sticky dir that jobs on every node see, also where each job has a /tmp of its own
 # (job_container/tmpfs, the trixie flavour's): its default Dirs=/tmp,/dev/shm leave /var/tmp
 NODES_SEE = "/var/tmp"
+# where the bootstrap makes the user's private dirs (bootstrap/trust.py user_temp_dir): /tmp,
+# and /var/tmp for what the user's jobs share on a node whose jobs have a /tmp of their own
+USER_TEMP_PARENTS = ("/tmp", NODES_SEE)
 
 
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -24,6 +24,8 @@ CLUSTER_NET = ipaddress.ip_network(os.environ.get("JSR_CLUSTER_NET", "10.200.0.0
 #: the rooted flavours' default), and then what the tests' 1-CPU clusters ask for.
 ENFORCED = os.environ.get("JSR_PROFILE") == "enforced"
 ENFORCED_MEMORY = "1536M" if ENFORCED else None
+#: Whether each job has a /tmp of its own (job_container/tmpfs): the enforced profile's too.
+PRIVATE_TMP = ENFORCED
 
 #: The login node's address on the laptop side (``$JSR_SSH_HOST``).
 SSH_HOST = os.environ.get("JSR_SSH_HOST", "10.201.0.2")
