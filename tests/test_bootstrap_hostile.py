@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -189,8 +188,7 @@ def test_a_neighbour_cannot_take_ray_clients_own_server_port(
     bob = bobs[0]
     seen = [e["port"] for e in bob.log() if e["what"] == "client_server_seen"]
     failed = [e for e in bob.log() if e["what"] == "bind_failed"]
-    proxier_log = Path(connection["temp_dir"]) / "session_latest/logs/ray_client_server.err"
-    proxier_said = proxier_log.read_text()
+    proxier_said = job.head_log("ray_client_server.err")
     started = servers_started(proxier_said)
     accepted = [e for e in bob.log() if e["what"] == "accepted"]
     log(

@@ -114,9 +114,10 @@ def test_a_kernel_on_the_heads_host_is_a_driver_through_the_heads_node(testbed):
     """The cluster's head on node1, where the kernel runs: no second Ray node there. Where
     each job has a /tmp of its own, the head's node (its sockets, in the head job's /tmp) is
     out of the kernel's reach: a node of its own then, and the reason says which."""
-    job = NotebookJob.submit(
-        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down", json.dumps(["--nodelist=node1"])
-    )
+    job = NotebookJob.submit(  # with memory enforced: as the test above (a node of its own)
+        PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "3", "down", json.dumps(["--nodelist=node1"]),
+        "2G" if ENFORCED else "", mem="3G" if ENFORCED else "1G",
+    )  # fmt: skip
     try:
         job.wait("outer", 120)
         up = job.wait("up", 300)

@@ -303,9 +303,18 @@ def ray_log_dir(cluster) -> str:
     return f"{json.loads(text)['temp_dir']}/session_latest/logs"
 
 
-def as_cluster_user(cluster, script: str, *args: str) -> None:
-    """``sh -c script`` as the cluster's user (the head runs as that user)."""
-    run_sync(cluster.transport.run(["sh", "-c", script, "sh", *args]))
+def on_the_heads_node(cluster) -> list[str]:
+    """argv's start for a step of the cluster's job on the head's node, as the cluster's user:
+    Ray's temp dir may be in the job's own /tmp (job_container/tmpfs)."""
+    text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
+    host = json.loads(text)["head_host"]
+    return ["srun", f"--jobid={cluster.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"]
+
+
+def as_cluster_user(cluster, script: str, *args: str, check: bool = True) -> int:
+    """``sh -c script`` as the cluster's user on the head's node; its exit status."""
+    argv = [*on_the_heads_node(cluster), "sh", "-c", script, "sh", *args]
+    return run_sync(cluster.transport.run(argv, check=check)).returncode
 
 
 def rss_mb(pid: int) -> float:
@@ -395,10 +404,10 @@ def appended_log(cluster, testbed) -> Iterator[str]:
         "        log.write(f'tick {i} {time.time():.3f}\\n')\n"
         "    time.sleep(0.5)\n"
     )
-    argv = [*runuser(testbed.user), "python3", "-c", writer, path]
+    argv = [*runuser(testbed.user), *on_the_heads_node(cluster), "python3", "-c", writer, path]
     appender = subprocess.Popen(argv)
     try:
-        wait_for(lambda: appender.poll() is None and log_exists(cluster, path), 10, "the log")
+        wait_for(lambda: appender.poll() is None and log_exists(cluster, path), 30, "the log")
         yield name
     finally:
         appender.terminate()
@@ -407,8 +416,7 @@ def appended_log(cluster, testbed) -> Iterator[str]:
 
 
 def log_exists(cluster, path: str) -> bool:
-    done = run_sync(cluster.transport.run(["test", "-s", path], check=False))
-    return done.returncode == 0
+    return as_cluster_user(cluster, 'test -s "$1"', path, check=False) == 0
 
 
 def test_a_never_ending_log_stream_passes_for_30_s_line_by_line(
