@@ -75,8 +75,8 @@ def user_temp_dir(node_wide: bool = False) -> Path:
     /tmp/jsr-<uid>, found again by every job of this user on the node. Anyone can create that
     name first: then the first of /tmp/jsr-<uid>-1 … -7 that is this user's, and past those a
     fresh private one (nothing is shared between this user's jobs then, but the job runs).
-    node_wide (port claims, which this user's other jobs on the node must see): under
-    /var/tmp instead when this job's /tmp is its own (``tmp_private_to_job``).
+    node_wide (port claims, unpacked packs: what this user's other jobs on the node must see):
+    under /var/tmp instead when this job's /tmp is its own (``tmp_private_to_job``).
     """
     parent = "/var/tmp" if node_wide and tmp_private_to_job() else "/tmp"
     base = f"{parent}/jsr-{os.getuid()}"

@@ -17,6 +17,7 @@ VENV_ACTIVATE = f"source {VENV}/bin/activate"  # a setup line: Ray from this ven
 ARTIFACTS = REPO / "test-artifacts"  # screenshots, logs, fault figures (kept by CI)
 # A sticky dir that jobs on every node see, also where each job has a /tmp of its own
 # (job_container/tmpfs, the trixie flavour's): its default Dirs=/tmp,/dev/shm leave /var/tmp
+# the node's
 NODES_SEE = "/var/tmp"
 # where the bootstrap makes the user's private dirs (bootstrap/trust.py user_temp_dir): /tmp,
 # and /var/tmp for what the user's jobs share on a node whose jobs have a /tmp of their own
