@@ -44,6 +44,8 @@ from .helpers.server import (
     free_port,
     head_of,
     jupyter_server,
+    on_the_heads_node,
+    ray_log_dir,
     start_cluster,
 )
 from .helpers.testbed import runuser, ssh_transport
@@ -295,20 +297,6 @@ def test_a_compressing_browser_websocket_still_works(server, cluster):
 
 # -- big and endless answers stream through: Ray's log API -----------------------------------
 LOG_LINE = "a line of the head's log, 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOP"
-
-
-def ray_log_dir(cluster) -> str:
-    """The head's Ray log directory (the dashboard serves its files through its log API)."""
-    text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
-    return f"{json.loads(text)['temp_dir']}/session_latest/logs"
-
-
-def on_the_heads_node(cluster) -> list[str]:
-    """argv's start for a step of the cluster's job on the head's node, as the cluster's user:
-    Ray's temp dir may be in the job's own /tmp (job_container/tmpfs)."""
-    text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
-    host = json.loads(text)["head_host"]
-    return ["srun", f"--jobid={cluster.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"]
 
 
 def as_cluster_user(cluster, script: str, *args: str, check: bool = True) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 from jupyter_slurm_ray.job.shipping import bootstrap_files
 
 from .clusters import client_tls_environment
-from .jobs import in_queue, queue_state
+from .jobs import in_queue, queue_state, step_in_job
 from .paths import REPO, USER_TEMP_PARENTS, VENV_ACTIVATE, VENV_PYTHON
 from .testbed import USER, runuser
 
@@ -183,8 +183,9 @@ class JobDir:
         temp dir may be in the job's own /tmp (job_container/tmpfs)."""
         connection = self.connection()
         path = f"{connection['temp_dir']}/session_latest/logs/{name}"
-        step = ["srun", f"--jobid={self.job_id}", "--overlap", "-N1", "-n1"]
-        return run_as_user(*step, f"--nodelist={connection['head_host']}", "cat", "--", path).stdout
+        assert self.job_id is not None
+        step = step_in_job(self.job_id, connection["head_host"])
+        return run_as_user(*step, "cat", "--", path).stdout
 
     def lease(self, content: str) -> None:
         write_as_user(self.path / "lease", content, 0o600)

@@ -28,6 +28,12 @@ async def submit_script(transport: Transport, script: str, job_dir: str) -> str:
     return await SlurmClient(transport).submit(path)
 
 
+def step_in_job(job_id: str, host: str) -> list[str]:
+    """argv's start for a step of a running job on one of its nodes, sharing its allocation:
+    only such a step sees the job's own /tmp (job_container/tmpfs), where Ray's temp dir is."""
+    return ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"]
+
+
 def _squeue(*argv: str, attempts: int = 5) -> str:
     """squeue's answer; ``""`` for a job slurmctld no longer knows. A busy slurmctld may not
     answer in time: asked again, a bounded number of times, never read as "no such job"."""

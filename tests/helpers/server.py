@@ -28,6 +28,7 @@ from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.transport import LocalTransport
 
 from .clusters import cluster_spec
+from .jobs import step_in_job
 from .paths import VENV_PYTHON
 from .testbed import runuser
 
@@ -208,14 +209,22 @@ def head_of(cluster: SlurmRayCluster) -> Head:
     return Head(url, token, info, relay, f"{cluster.job_dir}/tls/ca.crt")
 
 
-def dashboard_log(cluster: SlurmRayCluster) -> str:
-    """The head's dashboard logs (all of them), read as the cluster's user by a step of its
-    job on the head's node: Ray's temp dir may be in the job's own /tmp (job_container/tmpfs)."""
+def ray_log_dir(cluster: SlurmRayCluster) -> str:
+    """The head's Ray log directory (the dashboard serves its files through its log API)."""
     text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
-    connection = json.loads(text)
-    temp_dir, host = connection.get("temp_dir"), connection.get("head_host")
-    if not temp_dir or not host:
-        raise AssertionError(f"connection.json names no temp_dir or head_host: {text}")
-    step = ["srun", f"--jobid={cluster.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"]
-    argv = [*step, "sh", "-c", 'cat -- "$1"/session_latest/logs/dashboard*', "sh", temp_dir]
+    return f"{json.loads(text)['temp_dir']}/session_latest/logs"
+
+
+def on_the_heads_node(cluster: SlurmRayCluster) -> list[str]:
+    """argv's start for a step of the cluster's job on the head's node (run as the cluster's
+    user): Ray's temp dir may be in the job's own /tmp (job_container/tmpfs)."""
+    text = run_sync(cluster.transport.read_file(f"{cluster.job_dir}/connection.json"))
+    assert cluster.job_id is not None
+    return step_in_job(cluster.job_id, json.loads(text)["head_host"])
+
+
+def dashboard_log(cluster: SlurmRayCluster) -> str:
+    """The head's dashboard logs (all of them), read as the cluster's user on its node."""
+    script = 'cat -- "$1"/dashboard*'
+    argv = [*on_the_heads_node(cluster), "sh", "-c", script, "sh", ray_log_dir(cluster)]
     return run_sync(cluster.transport.run(argv, check=False)).stdout
