@@ -28,7 +28,8 @@ from .helpers.clusters import (
 from .helpers.testbed import runuser
 from .helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+# host_stack: Charliecloud and the image are the host's (scripts/setup --tests), not a root's
+pytestmark = [pytest.mark.testbed, pytest.mark.ray, pytest.mark.host_stack]
 
 IMAGE = os.environ.get("JSR_CONTAINER_IMAGE", "/opt/jupyter-slurm-ray/container-image")
 FAKE_GPUS = "/var/lib/jsr-testbed/fakegpu"

@@ -289,6 +289,7 @@ def test_a_fresh_kernel_with_only_up_reaches_connected_on_its_own_python(site_en
 
 
 @needs_image
+@pytest.mark.host_stack
 def test_a_container_clusters_doctor_checks_ray_in_the_image(site_env):
     report = doctor(site_env, "-t", "10", "--container", IMAGE)
     assert report["exit_status"] == 0 and failures(report) == {}, report

@@ -45,6 +45,7 @@ from .helpers.waiting import wait_for
 pytestmark = [
     pytest.mark.testbed,
     pytest.mark.ray,
+    pytest.mark.host_stack,  # JupyterHub's npm proxy: the host's flavour only
     pytest.mark.xdist_group("bob-squats-ports"),
 ]
 

@@ -44,6 +44,7 @@ from .helpers.waiting import wait_for
 pytestmark = [
     pytest.mark.testbed,
     pytest.mark.ray,
+    pytest.mark.host_stack,  # Apache and the hub's stack: the host's flavour only
     pytest.mark.xdist_group("bob-squats-ports"),
 ]
 
