@@ -218,9 +218,10 @@ class SlurmRay(_ClusterSettings):
     )
     driver_hosts = _trait(
         "lines",
-        "Host name patterns (fnmatch: 'login*') of machines outside Slurm jobs that are on "
-        "the cluster's network, where connect = 'auto' may choose driver mode, e.g. login "
-        "nodes that are cluster nodes; inside a Slurm job it may anyway.",
+        "Host name patterns (fnmatch: 'login*') of machines outside Slurm jobs where connect "
+        "= 'auto' tries driver mode (the nodes must reach the host; Ray Client otherwise). "
+        "Unset: every host ('*'); [] keeps auto to Ray Client outside jobs, e.g. where the "
+        "site keeps Ray's daemons off its login nodes. Inside a Slurm job auto tries anyway.",
     )
 
     def _load_config(self, cfg: Any, section_names: Any = None, traits: Any = None) -> None:

@@ -63,7 +63,7 @@ class Session:
             poll_interval=float(self.setting("poll_interval", 1.0)),
             steady_poll_interval=float(self.setting("steady_poll_interval", 15.0)),
             submit_timeout=float(self.setting("submit_timeout", 60.0)),
-            driver_hosts=self.setting("driver_hosts", ()),
+            driver_hosts=self.setting("driver_hosts", None),
             adapt_defaults=lambda: adapt_defaults(self.config),
         )
 
@@ -100,7 +100,7 @@ class Session:
             record,
             self.transport(record.target),
             registry=registry,
-            driver_hosts=self.setting("driver_hosts", ()),
+            driver_hosts=self.setting("driver_hosts", None),
             adapt_defaults=lambda: adapt_defaults(self.config),
         )
 

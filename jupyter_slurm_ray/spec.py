@@ -136,9 +136,10 @@ class ClusterSpec:
         "How this kernel connects: 'driver' (its host joins the cluster as a Ray node that runs "
         "no tasks, and the kernel is an ordinary Ray driver: Ray Train, Tune and Data, large "
         "objects and long runs work as on the cluster itself), 'client' (Ray Client, through "
-        "the head) or 'auto': driver when the kernel runs in a Slurm job (or on a host "
-        "driver_hosts names) with the cluster's job dir on its filesystem and the nodes reach "
-        "it, Ray Client otherwise (a laptop over SSH, a login node).",
+        "the head) or 'auto': driver when the cluster's job dir is on the kernel's filesystem "
+        "and the nodes reach its host (a kernel in a Slurm job, or on a login node of the "
+        "cluster's network that driver_hosts allows), Ray Client otherwise (a laptop over "
+        "SSH, a login node the nodes cannot reach).",
     )
     # -- what to ask Slurm for --------------------------------------------------------------
     time: str | None = _setting(

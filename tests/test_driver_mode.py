@@ -5,6 +5,8 @@ Ray node that runs no tasks and the kernel is an ordinary Ray driver through it,
 Client; when the head runs on node1 too, the kernel is a driver through the head's own node
 (no second Ray node on the host).
 
+The user's own kernel on the login node, which the testbed's nodes reach, is a driver too.
+
 Then ``down()``, or the kernel SIGKILLed while its notebook job goes on (a kernel restart),
 leaves nothing: no Ray node on the kernel's host, no job, no Ray process of the cluster.
 """
@@ -20,10 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.client.mode import local_address_toward
+
 from .helpers.bootstrap import processes_matching, run_as_user
 from .helpers.clusters import ProcessEnvironment, processes_of, wait_until_nothing_left
 from .helpers.jobs import in_queue
-from .helpers.notebookjob import NotebookJob
+from .helpers.notebookjob import LoginKernel, NotebookJob
 from .helpers.paths import VENV_ACTIVATE, VENV_PYTHON
 from .helpers.testbed import ENFORCED, PRIVATE_TMP
 from .helpers.waiting import wait_for
@@ -157,6 +161,44 @@ def test_a_kernel_on_the_heads_host_is_a_driver_through_the_heads_node(testbed):
         wait_for(lambda: not in_queue(job.job_id), 60, "the notebook job to end")
     finally:
         job.clean_up()
+
+
+@pytest.mark.compat
+def test_a_login_node_kernel_the_nodes_reach_is_a_ray_driver(testbed):
+    """The user's own kernel on the login node, outside jobs (connect = "auto", driver_hosts
+    unset): the testbed's nodes reach the login node, so its host joins as a Ray node that runs
+    no tasks and the kernel is a driver (Ray Data, Train and Tune work as on the cluster);
+    ``down`` leaves no Ray process on the login node."""
+    kernel = LoginKernel.start(PROGRAM, str(VENV_PYTHON), VENV_ACTIVATE, "2", "down", "[]",
+                               "2G" if ENFORCED else "")  # fmt: skip
+    try:
+        outer = kernel.wait("outer", 60)
+        assert outer["job"] is None  # no Slurm job around this kernel
+        up = kernel.wait("up", 300)
+        assert up["connect_mode"] == "driver" and up["record_mode"] == "driver", up
+        assert up["connect_reason"] == (
+            f"auto: this kernel runs on {outer['host'].split('.')[0]}, outside Slurm jobs; "
+            "the nodes reach its Ray node"
+        ), up["connect_reason"]
+        ray = up["ray"]
+        assert ray["client_connected"] is False and ray["initialized"] is True, ray
+        assert ray["node_ip"] == local_address_toward(node_address("node1")), ray
+        assert ray["node_resources"].get("CPU", 0) == 0, ray  # nothing computes on the login node
+        assert len(ray["cluster_nodes"]) == 2 and ray["all_nodes"] == 3, ray
+        assert driver_processes(up["driver_temp_dir"]), "no Ray node on the login node"
+        objects = kernel.wait("objects", 240)
+        assert objects["round_trip_equal"] and objects["digest_ok"], objects
+        assert objects["digest_host"] != outer["host"], objects  # the task ran on a node
+        assert len(kernel.wait("tasks", 120)["hosts"]) == 2
+
+        run_as_user("touch", str(kernel.work / "go"))
+        down = kernel.wait("down", 120)
+        assert down["job_id"] == up["job_id"] and down["state"] == "STOPPED"
+        wait_until_nothing_left(up["job_id"], up["job_dir"])
+        wait_for(lambda: not driver_processes(up["driver_temp_dir"]), 20, "its Ray node to end")
+        assert not alive(up["driver_pid"]) and not Path(up["driver_temp_dir"]).exists()
+    finally:
+        kernel.clean_up()
 
 
 def test_a_killed_kernel_leaves_no_ray_node_on_its_host_and_the_cluster_ends(testbed):

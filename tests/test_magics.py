@@ -21,6 +21,7 @@ from IPython.testing.globalipapp import start_ipython
 
 from jupyter_slurm_ray import session as session_module
 from jupyter_slurm_ray.client.rayinit import NoClusterError
+from jupyter_slurm_ray.naming import DASHBOARD_BASE_ENV
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.ui.clientlimits import ray_data_through_client
 from jupyter_slurm_ray.ui.magics import SlurmRayMagics
@@ -307,6 +308,9 @@ def test_attach_after_a_kernel_restart_reconnects_to_the_detached_cluster(other)
     kernel.restart()
     assert int(kernel.run("import os; print(os.getpid())")) != other["pid"]
     assert jobs_named(other["name"]) == [job_id]  # the restart did not cancel it
+    # as a Jupyter server with the extension starts its kernels: the dashboard's proxied path
+    base = "/user/alice/slurm-ray/dashboard/"
+    kernel.run(f"import os; os.environ[{DASHBOARD_BASE_ENV!r}] = {base!r}")
     kernel.run("%load_ext jupyter_slurm_ray")
     out = kernel.run(f"%slurm_ray attach {job_id}")
     assert "CONNECTED" in out, out
@@ -315,6 +319,14 @@ def test_attach_after_a_kernel_restart_reconnects_to_the_detached_cluster(other)
         "print(ray.get(ray.remote(lambda: socket.gethostname()).remote()))"
     )
     assert re.fullmatch(r"node\d\n", out), out
+    # Ray's own view of it links the dashboard where the server proxies it, not the head
+    cluster_id = Registry().find(other["name"]).id
+    proxied = f"{base}{cluster_id}/"
+    out = kernel.run("context = ray.init()\nprint(context.dashboard_url)")
+    assert out == proxied + "\n", out
+    assert f'href="{proxied}"' in kernel.run("print(context._repr_html_())")
+    table = kernel.run("print(context._context_table_template())")  # Ray's, as it shows it
+    assert "Dashboard:" in table and "http://" not in table, table
 
 
 def test_interrupting_a_cell_cancels_the_ray_tasks_it_waits_for(other):

@@ -2,11 +2,12 @@
 ordinary Ray driver through a Ray node of its own host (driver mode, ``client/drivernode.py``).
 
 ``connect = "auto"`` chooses driver mode when this kernel can be one of the cluster's nodes: it
-runs in a Slurm job (or on a host ``driver_hosts`` names, or the cluster runs in the kernel's
-own allocation), the cluster's job dir is this user's and on this host's filesystem, its node
-joined (so this host reaches the head's GCS), and every node of the cluster's allocation
-reaches that node's ports (one ``srun --overlap`` step in the cluster's job: ``nodes_reach``).
-Anything else means Ray Client, with the reason shown beside the state.
+runs in a Slurm job, or the cluster runs in the kernel's own allocation, or it runs outside
+jobs on a host ``driver_hosts`` allows (every host by default: a login node on the cluster's
+network) and reaches Slurm without SSH; the cluster's job dir is this user's and on this host's
+filesystem, its node joined (so this host reaches the head's GCS), and every node of the
+cluster's allocation reaches that node's ports (one ``srun --overlap`` step in the cluster's
+job: ``nodes_reach``). Anything else means Ray Client, with the reason shown beside the state.
 """
 
 from __future__ import annotations
@@ -29,15 +30,20 @@ from ..transport import LocalTransport, Transport
 __all__ = [
     "CLIENT",
     "DRIVER",
+    "DRIVER_HOSTS_DEFAULT",
     "ConnectMode",
     "KernelPlace",
     "driver_obstacle",
     "driver_precheck",
     "node_reaches_kernel",
     "nodes_reach",
+    "remote_target",
 ]
 
 CLIENT, DRIVER = "client", "driver"
+# SlurmRay.driver_hosts when unset: auto tries driver mode on any host outside Slurm jobs (the
+# two-way reach check decides); a site that keeps Ray's daemons off its login nodes sets []
+DRIVER_HOSTS_DEFAULT: tuple[str, ...] = ("*",)
 REACH_TIMEOUT = 30.0  # the srun step of nodes_reach, in all (s)
 _MARK = "JSR-REACH"
 # bash -c PROBE jsr-reach IP PORT: one line per node, whether it connected to IP:PORT
@@ -70,33 +76,44 @@ class KernelPlace:
 
     host: str
     slurm_job: str | None  # the Slurm job it runs in, if any
-    driver_hosts: tuple[str, ...] = ()  # site setting: hosts outside jobs that are cluster nodes
+    driver_hosts: tuple[str, ...] = ()  # site setting: hosts outside jobs that may be Ray nodes
 
     @classmethod
     def here(
-        cls, driver_hosts: Sequence[str] = (), environ: Mapping[str, str] | None = None
+        cls,
+        driver_hosts: Sequence[str] = DRIVER_HOSTS_DEFAULT,
+        environ: Mapping[str, str] | None = None,
     ) -> KernelPlace:
         environ = os.environ if environ is None else environ
         job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
         return cls(socket.gethostname().split(".")[0], job, tuple(driver_hosts))
 
     def on_cluster_network(self) -> str | None:
-        """Why this kernel is on the cluster's network (None: no sign of it)."""
+        """Why this kernel may be one of a cluster's Ray nodes, the nodes' reach aside (None:
+        it runs outside Slurm jobs on a host ``driver_hosts`` does not allow)."""
         if self.slurm_job:
             return f"this kernel runs in Slurm job {self.slurm_job} on {self.host}"
         if any(fnmatch.fnmatch(self.host, pattern) for pattern in self.driver_hosts):
-            return f"driver_hosts names {self.host}"
+            return f"this kernel runs on {self.host}, outside Slurm jobs"
         return None
 
 
-def driver_obstacle(spec: ClusterSpec, job_dir: str, place: KernelPlace) -> str | None:
+def driver_obstacle(
+    spec: ClusterSpec, job_dir: str, place: KernelPlace, remote: str | None = None
+) -> str | None:
     """Why this kernel cannot be a Ray node of the cluster of ``job_dir`` (None: it may, if
-    the nodes reach it). Told in words for the status line."""
+    the nodes reach it). ``remote``: the target when Slurm is reached over SSH. Told in words
+    for the status line."""
     in_allocation = spec.mode == "here"  # `up --here`: the kernel's own allocation
     if spec.mode == "local":
         return "local mode: the head runs on this machine"
     if not in_allocation and place.on_cluster_network() is None:
-        return "this kernel does not run in a Slurm job (nor on a host driver_hosts names)"
+        return (
+            f"this kernel runs outside Slurm jobs on {place.host}, which driver_hosts does "
+            "not allow"
+        )
+    if not in_allocation and not place.slurm_job and remote:
+        return f"Slurm is reached through {remote}: this kernel is off the cluster"
     return job_dir_obstacle(job_dir)
 
 
@@ -111,6 +128,16 @@ async def driver_precheck(transport: Transport, job_dir_root: str) -> str | None
     if answer.stdout.strip() != str(os.getuid()):
         return "the cluster's job dir would belong to another user (command_prefix)"
     return None
+
+
+def remote_target(transport: Transport) -> str | None:
+    """The SSH target Slurm is reached through (None: this host's own Slurm commands)."""
+    return None if isinstance(transport, LocalTransport) else transport.target
+
+
+def allowed_driver_hosts(setting: Sequence[str] | None) -> tuple[str, ...]:
+    """``SlurmRay.driver_hosts`` as set (an empty list included), else the default."""
+    return DRIVER_HOSTS_DEFAULT if setting is None else tuple(setting)
 
 
 def job_dir_obstacle(job_dir: str) -> str | None:
@@ -190,18 +217,22 @@ async def _hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
     writer.close()
 
 
-def driver_reach_plan(spec: ClusterSpec, place: KernelPlace) -> str | None:
-    """``doctor``: why driver mode is not checked from here (None: check it)."""
+def driver_reach_plan(
+    spec: ClusterSpec, place: KernelPlace, remote: str | None = None
+) -> str | None:
+    """``doctor``: why driver mode is not checked from here (None: check it). ``remote``:
+    the target when Slurm is reached over SSH."""
     if spec.connect == CLIENT:
         return "connect = client: clusters connect with Ray Client"
     if spec.mode == "local":
         return "local mode: clusters connect with Ray Client to this machine"
-    where = place.on_cluster_network()
-    if spec.connect == "auto" and where is None:
+    if spec.connect == "auto" and place.on_cluster_network() is None:
         return (
-            "auto connects with Ray Client from here: this kernel does not run in a Slurm job "
-            "(nor on a host driver_hosts names)"
+            f"auto connects with Ray Client from here: this kernel runs outside Slurm jobs on "
+            f"{place.host}, which driver_hosts does not allow"
         )
+    if spec.connect == "auto" and remote and not place.slurm_job:
+        return f"auto connects with Ray Client from here: Slurm is reached through {remote}"
     return None
 
 

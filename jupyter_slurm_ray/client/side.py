@@ -25,6 +25,7 @@ from ..registry import Registry
 from ..spec import ClusterSpec
 from ..transport import Forward, LocalTransport, Transport
 from . import connect as ray_client
+from .dashboardlink import link_proxied_dashboard
 from .drivernode import DriverNode
 from .jobaddress import point_ray_jobs_at, unpoint_ray_jobs
 from .mode import (
@@ -32,9 +33,11 @@ from .mode import (
     DRIVER,
     ConnectMode,
     KernelPlace,
+    allowed_driver_hosts,
     driver_obstacle,
     job_dir_obstacle,
     nodes_reach,
+    remote_target,
 )
 from .raydefaults import results_here_again, results_on_the_cluster
 
@@ -47,9 +50,9 @@ class ClientSide:
     """The connection details, forwards and Ray session of one cluster here.
 
     ``on_forwards_changed`` is called when a forward opens or closes (the record keeps the
-    local ports, for the dashboard proxy and ``attach``). ``driver_hosts``: the site's hosts
-    outside Slurm jobs that are on the cluster's network (``SlurmRay.driver_hosts``; None: its
-    environment variable's).
+    local ports, for the dashboard proxy and ``attach``). ``driver_hosts``: the hosts outside
+    Slurm jobs where ``auto`` may try driver mode (``SlurmRay.driver_hosts``; None: its
+    environment variable's, else every host).
     """
 
     def __init__(
@@ -159,9 +162,9 @@ class ClientSide:
             return ConnectMode(DRIVER, f"connect = driver{through}")
         hosts = self.driver_hosts
         if hosts is None:
-            hosts = effective_setting("driver_hosts")[0] or ()
-        place = KernelPlace.here(hosts)
-        obstacle = driver_obstacle(spec, job_dir.path, place)
+            hosts = effective_setting("driver_hosts")[0]
+        place = KernelPlace.here(allowed_driver_hosts(hosts))
+        obstacle = driver_obstacle(spec, job_dir.path, place, remote_target(self.transport))
         if obstacle:
             return ConnectMode(CLIENT, f"auto: {obstacle}")
         try:
@@ -232,7 +235,7 @@ class ClientSide:
         if not mode.driver:
             client = await self._reach("client", info.head_ip, info.client_port)
             address = f"ray://{client.local_host}:{client.local_port}"
-            await asyncio.to_thread(
+            context = await asyncio.to_thread(
                 ray_client.connect_ray_client,
                 address,
                 token_path,
@@ -241,6 +244,7 @@ class ClientSide:
                 tls=tls,
                 cluster=spec.name,
             )
+            link_proxied_dashboard(context, self.cluster_id)
             results_on_the_cluster(await self.transport.home())  # Train's, Tune's
         steps["connected"] = time.time()
         self.mode = mode
@@ -253,7 +257,7 @@ class ClientSide:
             await self._forget_choice()
             raise ConnectError("this kernel's Ray node stopped before the kernel connected")
         try:
-            await asyncio.to_thread(
+            context = await asyncio.to_thread(
                 ray_client.connect_driver,
                 ready.gcs_address,
                 token_path,
@@ -265,6 +269,7 @@ class ClientSide:
         except BaseException:
             await self._forget_choice()
             raise
+        link_proxied_dashboard(context, self.cluster_id)
 
     async def disconnect(self) -> None:
         """Ray disconnected, then this host's Ray node (if any) stopped."""

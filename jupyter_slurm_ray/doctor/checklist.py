@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..client.connect import local_versions
-from ..client.mode import KernelPlace, driver_reach_plan, driver_reach_verdict
+from ..client.mode import (
+    KernelPlace,
+    allowed_driver_hosts,
+    driver_reach_plan,
+    driver_reach_verdict,
+    remote_target,
+)
 from ..config import effective_setting
 from ..errors import SlurmRayError, SpecError, TransportError
 from ..job import packs
@@ -61,7 +67,8 @@ async def run_doctor(
     ``driver_hosts``: ``SlurmRay.driver_hosts`` (None: its environment variable's)."""
     report = Report(target=transport.target)
     hosts = driver_hosts if driver_hosts is not None else effective_setting("driver_hosts")[0]
-    not_driver = driver_reach_plan(spec, KernelPlace.here(hosts or ()))
+    place = KernelPlace.here(allowed_driver_hosts(hosts))
+    not_driver = driver_reach_plan(spec, place, remote_target(transport))
     add = report.checks.append
     ssh_ok = await _check_ssh(transport, add)
     partitions = await _check_slurm(transport, add) if ssh_ok else None

@@ -306,6 +306,6 @@ def doctor(
     spec, _ = resolve_spec(arguments, profile=profile, config=session.config)
     if setup:
         spec = spec.replace(setup=(*spec.setup, *setup))
-    hosts = session.setting("driver_hosts", ())
+    hosts = session.setting("driver_hosts", None)
     report = run_doctor(spec, session.transport(), queue_timeout=queue_timeout, driver_hosts=hosts)
     return run_sync(report)

@@ -163,17 +163,23 @@ def test_the_protections_line_says_what_is_off_and_what_is_missing_on_the_node()
 async def test_from_a_slurm_job_doctor_checks_that_the_node_reaches_this_kernel(
     transport, jobs_root, monkeypatch
 ):
-    """Where connect = "auto" would choose driver mode, the test job's node connects back to
-    a listener of this process on a port of port_range (one more srun step)."""
-    assert (await run_doctor(spec(jobs_root), transport)).check("driver").status == "skip"
+    """Where connect = "auto" would choose driver mode (a kernel in a job, or outside jobs on
+    a host driver_hosts allows: any, unset), the test job's node connects back to a listener
+    of this process on a port of port_range (one more srun step)."""
+    kept_off = await run_doctor(spec(jobs_root), transport, driver_hosts=[])
+    assert kept_off.check("driver").status == "skip"
+    assert "which driver_hosts does not allow" in kept_off.check("driver").detail
     monkeypatch.setenv("SLURM_JOB_ID", "5")
-    report = await run_doctor(spec(jobs_root), transport)
+    report = await run_doctor(spec(jobs_root), transport, driver_hosts=[])
     driver = report.check("driver")
     assert driver.status == "ok" and "node1 reached this kernel at" in driver.detail, driver
     reach = [argv for argv in transport.commands if argv[0] == "srun" and "jsr-reach" in argv]
     assert len(reach) == 1 and reach[0][2] == "--overlap" and reach[0][-1].isdigit()
     low, high = ClusterSpec().port_range
     assert low <= int(reach[0][-1]) <= high
+    monkeypatch.delenv("SLURM_JOB_ID")
+    login = await run_doctor(spec(jobs_root), transport)  # driver_hosts unset: any host
+    assert login.check("driver").status == "ok", login.check("driver")
 
 
 # -- each broken setting: exactly its one ✗, with the fix --------------------------------------

@@ -25,6 +25,7 @@ from jupyter_slurm_ray.client.mode import (
     CLIENT,
     DRIVER,
     KernelPlace,
+    allowed_driver_hosts,
     driver_obstacle,
     driver_reach_plan,
     driver_reach_verdict,
@@ -153,16 +154,26 @@ def test_auto_considers_driver_mode_only_for_a_kernel_on_the_clusters_network(
     job.mkdir()
     (job / "bootstrap.json").write_text("{}")
     spec = ClusterSpec()
-    laptop = KernelPlace("laptop", None)
-    assert driver_obstacle(spec, str(job), laptop) == (
-        "this kernel does not run in a Slurm job (nor on a host driver_hosts names)"
+    kept_off = KernelPlace("login1", None, ())  # a site's driver_hosts = []
+    assert driver_obstacle(spec, str(job), kept_off) == (
+        "this kernel runs outside Slurm jobs on login1, which driver_hosts does not allow"
     )
     in_a_job = KernelPlace("node1", "77")
     assert driver_obstacle(spec, str(job), in_a_job) is None
     assert in_a_job.on_cluster_network() == "this kernel runs in Slurm job 77 on node1"
     login = KernelPlace("login2", None, ("login*",))
     assert driver_obstacle(spec, str(job), login) is None
-    assert login.on_cluster_network() == "driver_hosts names login2"
+    assert login.on_cluster_network() == "this kernel runs on login2, outside Slurm jobs"
+    # by default any host outside jobs may try (the nodes' reach decides), unless it reaches
+    # Slurm over SSH: a laptop, even with the job dir on a shared filesystem
+    anywhere = KernelPlace("login3", None, allowed_driver_hosts(None))
+    assert driver_obstacle(spec, str(job), anywhere) is None
+    laptop = KernelPlace("laptop", None, allowed_driver_hosts(None))
+    assert driver_obstacle(spec, str(job), laptop, remote="alice@login1") == (
+        "Slurm is reached through alice@login1: this kernel is off the cluster"
+    )
+    assert driver_obstacle(spec, str(job), in_a_job, remote="alice@login1") is None
+    assert allowed_driver_hosts([]) == ()
     elsewhere = str(tmp_path / "not-here")
     assert driver_obstacle(spec, elsewhere, in_a_job) == (
         "the cluster's job dir is not on this host's filesystem"
@@ -212,6 +223,11 @@ def test_doctor_checks_driver_mode_where_auto_would_choose_it() -> None:
     assert driver_reach_plan(ClusterSpec(), in_a_job) is None
     assert driver_reach_plan(ClusterSpec(connect="driver"), laptop) is None
     assert "Ray Client from here" in str(driver_reach_plan(ClusterSpec(), laptop))
+    login = KernelPlace("login1", None, allowed_driver_hosts(None))
+    assert driver_reach_plan(ClusterSpec(), login) is None  # auto tries: doctor checks it
+    assert driver_reach_plan(ClusterSpec(), login, remote="alice@login1") == (
+        "auto connects with Ray Client from here: Slurm is reached through alice@login1"
+    )
     assert driver_reach_plan(ClusterSpec(connect="client"), in_a_job) == (
         "connect = client: clusters connect with Ray Client"
     )

@@ -1,7 +1,8 @@
 """A notebook kernel inside a Slurm job, as batchspawner and Open OnDemand run one: a Python
 program of ``tests/resources/`` run as the test user by ``sbatch -N1 -c1 --mem=1G`` (or more
 memory) on node1 (or a node of another partition), which reports each step as one JSON line in
-``WORK/report.jsonl``."""
+``WORK/report.jsonl``; or the same program as the test user's own process on the login node
+(``LoginKernel``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 from .bootstrap import run_as_user, write_as_user
 from .jobs import in_queue
 from .paths import REPO, VENV_PYTHON
-from .testbed import USER
+from .testbed import USER, runuser
 from .waiting import wait_for
 
 NOTEBOOK_JOB = """#!/bin/bash
@@ -101,3 +102,54 @@ class NotebookJob:
         jobs = sorted({self.job_id, *self.named} - {""})
         subprocess.run(["scancel", *jobs], check=False, capture_output=True)
         subprocess.run(["rm", "-rf", "--", str(self.work)], check=False)
+
+
+@dataclass
+class LoginKernel(NotebookJob):
+    """The same program as a kernel on the login node: the test user's own process there,
+    outside any Slurm job, in a plain login environment (no ``SLURM_*``)."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls, program: str, *args: str) -> LoginKernel:  # type: ignore[override]
+        kernel = cls(Path(f"/home/{USER}/.jsr-login-kernel-{uuid.uuid4().hex[:8]}"))
+        run_as_user("mkdir", "-m", "700", str(kernel.work))
+        login = [f"HOME=/home/{USER}", f"USER={USER}", "PATH=/usr/local/bin:/usr/bin:/bin"]
+        argv = [
+            *runuser(USER), "env", "-i", *login, f"PYTHONPATH={REPO}", "LANG=C.UTF-8",
+            str(VENV_PYTHON), str(REPO / "tests" / "resources" / program), str(kernel.work), *args,
+        ]  # fmt: skip
+        with open(kernel.work.with_name(kernel.work.name + ".out"), "wb") as out:
+            kernel.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        return kernel
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        events = self.events()
+        for event in events:
+            if event["event"] == "error":
+                raise AssertionError(f"the login node's kernel failed:\n{event['error']}")
+        found = next((event for event in events if event["event"] == name), None)
+        if found is None and not self.running():
+            out = self.work.with_name(self.work.name + ".out")
+            text = out.read_text(errors="replace") if out.exists() else ""
+            raise AssertionError(f"the login node's kernel ended before {name!r}:\n{text[-3000:]}")
+        return found
+
+    def clean_up(self) -> None:
+        """Stop the kernel (it takes its cluster down), cancel what it named, remove its files."""
+        if self.process is not None and self.running():
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.events()
+        if self.named:
+            subprocess.run(["scancel", *sorted(self.named)], check=False, capture_output=True)
+        out = self.work.with_name(self.work.name + ".out")
+        subprocess.run(["rm", "-rf", "--", str(self.work), str(out)], check=False)

@@ -1,8 +1,9 @@
 """A notebook kernel's stand-in inside a Slurm job, connected in driver mode.
 
-Run as the job's own process by tests/test_driver_mode.py: ``python kernel_driver_in_a_job.py
-WORK PYTHON SETUP NODES AFTER [SBATCH]``. It brings up a cluster of NODES nodes with the package
-(``connect = "auto"``: inside a Slurm job on the cluster's network, that is driver mode), then
+Run as the job's own process by tests/test_driver_mode.py (or as the test user's process on the
+login node): ``python kernel_driver_in_a_job.py WORK PYTHON SETUP NODES AFTER [SBATCH]``. It
+brings up a cluster of NODES nodes with the package (``connect = "auto"``: inside a Slurm job,
+or on a login node the nodes reach, that is driver mode), then
 notes what Ray says of this process (a driver, not a Ray Client; its node), moves a 256 MB
 object both ways, runs a task on every node of the allocation, and then, with AFTER ``down``,
 waits (at most 5 minutes) for ``WORK/go`` before ``down()``; with AFTER ``hold``, it waits to
@@ -93,7 +94,8 @@ def main() -> None:
     from jupyter_slurm_ray.transport import LocalTransport
     from jupyter_slurm_ray.ui.formatting import status_line
 
-    report("outer", host=socket.gethostname(), pid=os.getpid(), job=os.environ["SLURM_JOB_ID"])
+    job = os.environ.get("SLURM_JOB_ID")  # none on the login node
+    report("outer", host=socket.gethostname(), pid=os.getpid(), job=job)
     spec = ClusterSpec(
         nodes=nodes,
         time="10",
