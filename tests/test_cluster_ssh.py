@@ -34,9 +34,10 @@ def test_laptop_session_tunnels_ray_client_and_dashboard_and_leaves_nothing(tmp_
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["state"] == "CONNECTED"
     assert seen["head_reachable_directly"] is False  # only the tunnel gets there
-    # connect = "auto" (the default) chose Ray Client: a laptop is not in a Slurm job
+    # connect = "auto" (the default) chose Ray Client: a laptop reaches Slurm over SSH
     assert seen["connect_mode"] == "client" and seen["ray_client_connected"] is True
-    assert seen["connect_reason"].startswith("auto: this kernel does not run in a Slurm job")
+    assert seen["connect_reason"].startswith("auto: Slurm is reached through "), seen
+    assert seen["connect_reason"].endswith(": this kernel is off the cluster"), seen
     assert len(seen["hosts"]) == 2 and set(seen["hosts"]) <= {"node1", "node2", "node3"}
     assert seen["hosts"] == sorted(set(seen["hosts"]))  # one task on each of two nodes
     assert seen["dashboard_url"].startswith("https://127.0.0.1:")  # the relay, forwarded
