@@ -1,0 +1,162 @@
+"""What every scheduler answers, the same way: the contract the cluster, the watcher and the
+views rely on, checked on each implementation the package has.
+
+- Slurm's client (``slurm/client.py``) on the scripted Slurm;
+- local mode's jobs (``slurm/localjobs.py``): real process groups of this machine;
+- the ``--here`` scheduler (``slurm/heresteps.py``) for the Slurm jobs it also runs (a here
+  cluster's worker jobs), on the scripted Slurm.
+
+The contract: ``submit`` gives an id that ``query`` then answers for, by that id; a job that
+ends is final with its exit code, in ``query`` and in ``history``; ``cancel`` ends a job as
+CANCELLED; an id the scheduler does not know is left out of an answer (never an error); what
+a scheduler cannot do (a longer walltime, accounting, partitions, node reasons, tags) is an
+empty answer or a refusal in its own words (``ExtendRefused``, ``SlurmError``), never another
+failure. A new scheduler (#34's interface) passes this module before anything uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from jupyter_slurm_ray.errors import ExtendRefused, SlurmError
+from jupyter_slurm_ray.slurm.client import JobInfo, Partition, SlurmClient
+from jupyter_slurm_ray.slurm.heresteps import HereSteps
+from jupyter_slurm_ray.slurm.localjobs import LocalJobs
+from jupyter_slurm_ray.transport import LocalTransport
+from tests.helpers.fakeslurm import FakeSlurm, FakeTransport
+
+# The job: it waits until the test lets it end (the file "go" in its job dir holds its exit
+# status); TERM (cancel) ends it at once.
+JOB = """#!/bin/bash
+#SBATCH --chdir={job_dir}
+#SBATCH --time=10
+#SBATCH --comment=jsr-conformance
+trap 'exit 0' TERM
+while [ ! -e go ]; do sleep 0.05; done
+exit "$(cat go)"
+"""
+WITHIN = 20.0  # seconds a job may take to be seen ended (local mode: a real process)
+
+
+@dataclass
+class Bench:
+    """One scheduler, and how the test moves its jobs along."""
+
+    scheduler: SlurmClient
+    start: Callable[[str], None]  # the job runs (Slurm: it left the queue)
+    finish: Callable[[str, Path, int], None]  # the job ends with this exit status
+    unknown_id: str  # an id of this scheduler's kind that no job has
+    submitted: list[str] = field(default_factory=list)
+
+
+def scripted_slurm(kind: type[SlurmClient]) -> Bench:
+    slurm = FakeSlurm()
+
+    def finish(job_id: str, _job_dir: Path, status: int) -> None:
+        slurm.end(job_id, "COMPLETED" if status == 0 else "FAILED", f"{status}:0")
+
+    return Bench(kind(FakeTransport(slurm)), slurm.run, finish, "99999")
+
+
+def local_processes() -> Bench:
+    def finish(_job_id: str, job_dir: Path, status: int) -> None:
+        (job_dir / "go").write_text(f"{status}\n")
+
+    return Bench(LocalJobs(LocalTransport()), lambda _job_id: None, finish, "local-999999999")
+
+
+BENCHES: dict[str, Callable[[], Bench]] = {
+    "slurm": lambda: scripted_slurm(SlurmClient),
+    "local": local_processes,
+    "here": lambda: scripted_slurm(HereSteps),
+}
+
+
+@pytest.fixture(params=sorted(BENCHES))
+async def bench(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # local mode's runner keeps state there
+    made = BENCHES[request.param]()
+    yield made
+    answers = await made.scheduler.query(made.submitted)  # no job of a test left running
+    for job_id in [job for job, info in answers.items() if not info.is_final]:
+        await made.scheduler.cancel(job_id)
+    for job_id in made.submitted:
+        assert (await final(made, job_id)).is_final
+
+
+async def submitted(bench: Bench, tmp_path: Path) -> tuple[str, Path]:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    job_id = await bench.scheduler.submit(JOB.format(job_dir=job_dir))
+    bench.submitted.append(job_id)
+    return job_id, job_dir
+
+
+async def final(bench: Bench, job_id: str) -> JobInfo:
+    for _ in range(int(WITHIN / 0.05)):
+        info = (await bench.scheduler.query([job_id])).get(job_id)
+        if info is not None and info.is_final:
+            return info
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{job_id} did not end within {WITHIN} s")
+
+
+async def test_submit_gives_the_id_the_scheduler_then_answers_for(bench: Bench, tmp_path):
+    job_id, _ = await submitted(bench, tmp_path)
+    info = (await bench.scheduler.query([job_id]))[job_id]
+    assert info.job_id == job_id and info.state in ("PENDING", "RUNNING"), info
+    bench.start(job_id)
+    assert (await bench.scheduler.query([job_id]))[job_id].state == "RUNNING"
+
+
+@pytest.mark.parametrize(("status", "state"), [(0, "COMPLETED"), (3, "FAILED")])
+async def test_a_job_that_ends_is_final_with_its_exit_status(
+    bench: Bench, tmp_path, status: int, state: str
+):
+    job_id, job_dir = await submitted(bench, tmp_path)
+    bench.start(job_id)
+    bench.finish(job_id, job_dir, status)
+    info = await final(bench, job_id)
+    assert (info.state, info.exit_code) == (state, status), info
+    remembered = (await bench.scheduler.history([job_id]))[job_id]
+    assert (remembered.state, remembered.exit_code) == (state, status), remembered
+
+
+async def test_cancel_ends_a_job_as_cancelled(bench: Bench, tmp_path):
+    job_id, _ = await submitted(bench, tmp_path)
+    bench.start(job_id)
+    await asyncio.sleep(0.2)  # a real job has set its TERM trap
+    await bench.scheduler.cancel(job_id)
+    assert (await final(bench, job_id)).state == "CANCELLED"
+
+
+async def test_an_id_it_does_not_know_is_left_out_of_its_answer(bench: Bench, tmp_path):
+    job_id, _ = await submitted(bench, tmp_path)
+    answer = await bench.scheduler.query([job_id, bench.unknown_id])
+    assert set(answer) == {job_id}
+
+
+async def test_what_it_cannot_do_is_an_empty_answer_or_a_refusal_in_its_words(
+    bench: Bench, tmp_path
+):
+    job_id, _ = await submitted(bench, tmp_path)
+    bench.start(job_id)
+    jobs = bench.scheduler
+    try:
+        await jobs.extend(job_id, 30)
+    except ExtendRefused as refused:
+        assert str(refused), "a refusal says why"
+    try:
+        assert isinstance(await jobs.usage([job_id]), list)
+    except SlurmError as refused:
+        assert "accounting" in str(refused) or "sacct" in str(refused), refused
+    partitions = await jobs.partitions()
+    assert all(isinstance(partition, Partition) for partition in partitions)
+    assert await jobs.node_reasons([]) == {}
+    assert isinstance(await jobs.tagged_jobs(), dict)
+    assert await jobs.find_tagged("ray-00000000") is None
