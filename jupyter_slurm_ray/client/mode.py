@@ -33,6 +33,7 @@ __all__ = [
     "DRIVER_HOSTS_DEFAULT",
     "ConnectMode",
     "KernelPlace",
+    "allowed_driver_hosts",
     "driver_obstacle",
     "driver_precheck",
     "node_reaches_kernel",
