@@ -20,7 +20,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .elastic.host import ClusterHost
-    from .slurm.client import SlurmClient
+    from .scheduler.interface import Scheduler
 
 __all__ = [
     "ClusterSpec",
@@ -97,7 +97,7 @@ display.set_renderer(_cluster_mimebundle, _status_line, _progress_bar)
 
 
 def _elastic(
-    host: ClusterHost, slurm: SlurmClient, on_change: Callable[[], None]
+    host: ClusterHost, slurm: Scheduler, on_change: Callable[[], None]
 ) -> elastic_part.ElasticPart:
     """A cluster's elastic part (worker jobs, scaling, adapt, rotation): ``Elastic``, imported
     when the first cluster is made (importing the package stays cheap)."""

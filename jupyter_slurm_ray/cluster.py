@@ -51,7 +51,8 @@ from .naming import local_mode_target, new_cluster_id
 from .owner import ProcessIdentity
 from .ownership import Ownership, Role
 from .registry import ClusterRecord, Registry
-from .slurm.client import JobInfo, SlurmClient
+from .scheduler.interface import Scheduler
+from .scheduler.records import JobInfo
 from .slurm.hereplan import head_step, plan_here, planned_spec
 from .slurm.heresteps import HereSteps
 from .slurm.schedulers import scheduler_for_mode, watcher_for
@@ -119,7 +120,7 @@ class SlurmRayCluster:
             self.transport = self.transport.for_local_mode()
             self.target = local_mode_target(self.transport.target)
         # sbatch, processes of this machine (local), or steps of this kernel's allocation (here)
-        self.slurm: SlurmClient = scheduler_for_mode(spec.mode, self.transport)
+        self.slurm: Scheduler = scheduler_for_mode(spec.mode, self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected
@@ -361,7 +362,7 @@ class SlurmRayCluster:
 
     up = blocking(up_async)
 
-    async def _scheduler_for_up(self) -> SlurmClient:
+    async def _scheduler_for_up(self) -> Scheduler:
         """What starts the job: the cluster's scheduler, or with mode 'here' the head's step
         in this kernel's allocation, once the allocation is checked (SpecError naming the
         setting that does not fit) and the spec says where it runs (its nodes and CPUs)."""

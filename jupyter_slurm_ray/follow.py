@@ -14,7 +14,8 @@ from dataclasses import replace
 from .bootstrap.jsr_wire import Event, Phase
 from .errors import SlurmRayError
 from .job.directory import JobDir
-from .slurm.client import JobInfo, SlurmClient
+from .scheduler.interface import Scheduler
+from .scheduler.records import JobInfo
 from .slurm.watch import Answer
 from .states import EventSummary, Status, derive_status, last_known_job
 
@@ -41,7 +42,7 @@ class JobFollower:
         # never counted two)
         self._reading = asyncio.Lock()
 
-    async def observe(self, answer: Answer, job_dir: JobDir, slurm: SlurmClient) -> str:
+    async def observe(self, answer: Answer, job_dir: JobDir, slurm: Scheduler) -> str:
         """Take in one poll's news; returns the job's log tail when it ended badly."""
         await self.read_events(job_dir)
         job = answer.job

@@ -25,7 +25,8 @@ from .lease import LeaseSeen
 from .naming import job_comment
 from .ownership import Claim, claim_alive, read_lease
 from .registry import ClusterRecord, Registry, Unreadable
-from .slurm.client import JobInfo, SlurmClient
+from .scheduler.records import JobInfo
+from .slurm.client import SlurmClient
 from .slurm.queuecache import SharedQueue
 from .slurm.schedulers import query_jobs
 from .states import EventSummary, State, Status, derive_status, status_of_record

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from .bootstrap.jsr_wire import WORKER_JOB_FIELD, Event, Role
-from .slurm.output import JobInfo
+from .scheduler.records import JobInfo
 
 
 class State(str, enum.Enum):

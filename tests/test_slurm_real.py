@@ -14,7 +14,8 @@ import pytest
 
 from jupyter_slurm_ray.errors import SlurmError
 from jupyter_slurm_ray.job.script import render_job_script
-from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
+from jupyter_slurm_ray.scheduler.records import JobInfo
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport, Transport

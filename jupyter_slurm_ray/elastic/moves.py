@@ -36,7 +36,7 @@ from .groups import DEFAULT_GROUP
 from .workerjob import WorkerJob
 
 if TYPE_CHECKING:
-    from ..slurm.client import SlurmClient
+    from ..scheduler.interface import Scheduler
     from ..transport import Transport
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class WorkerBook(Protocol):
     """What the moves read and change of a cluster's worker jobs (``workerjobs.WorkerJobs``)."""
 
     cluster_id: str
-    slurm: SlurmClient
+    slurm: Scheduler
     transport: Transport
     jobs: dict[str, WorkerJob]
     stopped: bool

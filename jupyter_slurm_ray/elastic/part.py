@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..slurm.client import SlurmClient
+    from ..scheduler.interface import Scheduler
     from ..slurm.watch import JobWatcher
     from ..states import Status, WorkerJobStatus
     from .host import ClusterHost
@@ -116,7 +116,7 @@ class MakeElastic(Protocol):
     schedules, calling ``on_change`` when what it shows changed."""
 
     def __call__(
-        self, host: ClusterHost, slurm: SlurmClient, on_change: Callable[[], None]
+        self, host: ClusterHost, slurm: Scheduler, on_change: Callable[[], None]
     ) -> ElasticPart: ...
 
 

@@ -30,7 +30,7 @@ from ..display import status_text
 from ..errors import Conflict, SlurmRayError, SpecError
 from ..job.directory import JobDir
 from ..registry import ClusterRecord
-from ..slurm.client import SlurmClient
+from ..scheduler.interface import Scheduler
 from ..slurm.schedulers import watcher_for
 from ..states import Status
 from .adapt import INTERVAL, Adapter, checked_or_default, recent_decisions
@@ -48,9 +48,7 @@ log = logging.getLogger(__name__)
 class Elastic:
     """The worker jobs of one cluster and everything that changes them."""
 
-    def __init__(
-        self, host: ClusterHost, slurm: SlurmClient, on_change: Callable[[], None]
-    ) -> None:
+    def __init__(self, host: ClusterHost, slurm: Scheduler, on_change: Callable[[], None]) -> None:
         self.host = host
         self.workers = WorkerJobs(host.transport, slurm, host.id, host.spec)
         self._on_change = on_change

@@ -37,7 +37,8 @@ from ..errors import (
 from ..job.directory import JobDir, probe_site
 from ..job.packs import bootstrap_python
 from ..job.script import render_job_script
-from ..slurm.client import JobInfo, SlurmClient
+from ..scheduler.interface import Scheduler
+from ..scheduler.records import JobInfo
 from ..slurm.watch import Answer, JobWatcher
 from ..spec import ClusterSpec
 from ..states import WorkerJobStatus
@@ -80,7 +81,7 @@ class WorkerJobs:
     """The worker jobs of one cluster, and the moves that change them."""
 
     def __init__(
-        self, transport: Transport, slurm: SlurmClient, cluster_id: str, spec: ClusterSpec
+        self, transport: Transport, slurm: Scheduler, cluster_id: str, spec: ClusterSpec
     ) -> None:
         self.transport = transport
         self.slurm = slurm

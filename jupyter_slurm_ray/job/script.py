@@ -12,7 +12,7 @@ from typing import Any
 from ..bootstrap.jsr_wire import Settings
 from ..errors import SpecError
 from ..naming import CLUSTER_ID_ALLOWED, is_cluster_id, job_comment, worker_job_comment
-from ..slurm.output import expand_hostlist
+from ..slurm.formats import expand_hostlist
 from ..spec import FIELD_NAMES, ClusterSpec
 
 __all__ = [

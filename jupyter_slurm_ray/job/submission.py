@@ -20,7 +20,7 @@ from ..errors import (
     SubmitOutcomeUnknown,
     TransportError,
 )
-from ..slurm.client import SlurmClient
+from ..scheduler.interface import Scheduler
 from ..slurm.localjobs import LocalJobs, with_local_mode_hint
 from ..spec import ClusterSpec
 from ..transport import Transport
@@ -60,7 +60,7 @@ async def prepare(
 
 
 async def submit(
-    slurm: SlurmClient,
+    slurm: Scheduler,
     job_dir: JobDir,
     spec: ClusterSpec,
     cluster_id: str,
@@ -93,9 +93,7 @@ async def submit(
         raise
 
 
-async def submit_or_adopt(
-    slurm: SlurmClient, script: str, cluster_id: str, *, timeout: float
-) -> str:
+async def submit_or_adopt(slurm: Scheduler, script: str, cluster_id: str, *, timeout: float) -> str:
     """The job id of the submitted job script, its text on sbatch's stdin (or of the job a
     lost answer had queued).
 

@@ -13,8 +13,9 @@ import weakref
 from dataclasses import dataclass, field
 
 from ..errors import SlurmError, TransportError
+from ..scheduler.records import Association, Qos
 from ..transport import Transport
-from .client import Association, Qos, SlurmClient
+from .client import SlurmClient
 
 __all__ = ["Accounting", "forget_cached", "load_accounting"]
 

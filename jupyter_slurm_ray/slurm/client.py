@@ -19,31 +19,24 @@ from typing import TYPE_CHECKING
 
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
 from ..naming import cluster_id_of_comment, cluster_id_of_worker_comment
+from ..scheduler.interface import Scheduler
+from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
 from ..transport import Transport
+from .formats import expand_hostlist
 from .output import (
     ASSOCIATION_FIELDS,
-    FINAL_STATES,
     QOS_FIELDS,
     SACCT_FIELDS,
     SINFO_FORMAT,
     SQUEUE_FORMAT,
     USAGE_FIELDS,
-    Association,
-    JobInfo,
-    Partition,
-    Qos,
-    UsageRow,
-    expand_hostlist,
     merge_final,
     parse_associations,
-    parse_duration,
-    parse_exit_code,
     parse_qos,
     parse_sacct,
     parse_scontrol_job,
     parse_sinfo,
     parse_squeue_line,
-    parse_timestamp,
     parse_usage,
 )
 
@@ -52,24 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# What Slurm's answers parse into (slurm/output.py), here too for the callers of SlurmClient.
-__all__ = [
-    "FINAL_STATES",
-    "Association",
-    "JobInfo",
-    "Partition",
-    "Qos",
-    "SlurmClient",
-    "UsageRow",
-    "expand_hostlist",
-    "parse_duration",
-    "parse_exit_code",
-    "parse_sacct",
-    "parse_scontrol_job",
-    "parse_sinfo",
-    "parse_squeue_line",
-    "parse_timestamp",
-]
+__all__ = ["SlurmClient"]
 
 # The script comes on stdin: what Slurm keeps is the text that was checked, never a file
 # someone could swap by its path. (Constant; "$1", when given, is the path of a script file,
@@ -86,23 +62,24 @@ _SBATCH_STDIN = (
 AS_THIS_USER = 'exec "$@" "user=$(id -un)"'
 
 
-class SlurmClient:
-    """Submits, watches and cancels jobs through a Transport.
+class SlurmClient(Scheduler):
+    """Slurm's jobs: submitted, watched and cancelled with Slurm's commands through a Transport.
 
     Queries either answer for every job asked about, or raise :class:`SlurmUnavailable`: a
     job missing from an answer is one Slurm positively does not know, never one it could not
     be asked about.
     """
 
+    source = "squeue"
+    system = "Slurm"
+
     def __init__(
         self, transport: Transport, *, timeout: float = 30.0, shared: SharedQueue | None = None
     ) -> None:
-        self.transport = transport
-        self.timeout = timeout
+        super().__init__(transport, timeout=timeout)
         self.shared = shared  # the user's queue, shared with their other processes on this host
-        self.commands_run = 0  # count of Slurm commands, so tests can hold us to "one per poll"
 
-    async def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> _Answer:
+    async def answer(self, argv: Sequence[str], *, timeout: float | None = None) -> SlurmAnswer:
         """Run a Slurm command; SlurmUnavailable when it gives no answer at all."""
         self.commands_run += 1
         try:
@@ -111,15 +88,15 @@ class SlurmClient:
             raise SlurmUnavailable(f"{argv[0]}: {exc}") from None
         if result.returncode == 127 or (result.returncode != 0 and _no_controller(result.stderr)):
             raise SlurmUnavailable(f"{argv[0]}: {_first_line(result.stderr)}")
-        return _Answer(result.returncode, result.stdout, result.stderr)
+        return SlurmAnswer(result.returncode, result.stdout, result.stderr)
 
-    async def _slurm(self, argv: Sequence[str], *, as_user: bool = False) -> str:
+    async def output(self, argv: Sequence[str], *, as_user: bool = False) -> str:
         """stdout of a Slurm command that must succeed; SlurmError in Slurm's words if not.
 
         ``as_user``: ``user=<the name of whoever runs it>`` is added to the arguments.
         """
         command = ["sh", "-c", AS_THIS_USER, argv[0], *argv] if as_user else list(argv)
-        answer = await self._run(command)
+        answer = await self.answer(command)
         if answer.returncode != 0:
             exc = CommandError(list(argv), answer.returncode, answer.stdout, answer.stderr)
             raise SlurmError(_slurm_message(exc))
@@ -159,14 +136,16 @@ class SlurmClient:
         log.info("submitted job %s (%s)", job_id, shown)
         return job_id
 
-    async def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False):
+    async def cancel(
+        self, job_id: str, *, signal: str | None = None, batch_only: bool = False
+    ) -> None:
         argv = ["scancel"]
         if signal:
             argv.append(f"--signal={signal}")
         if batch_only:
             argv.append("--batch")
         argv.append(_job_id(job_id))
-        await self._slurm(argv)
+        await self.output(argv)
 
     # -- watching ---------------------------------------------------------------------------
     async def query(self, job_ids: Iterable[str], *, max_age: float = 0.0) -> dict[str, JobInfo]:
@@ -199,7 +178,7 @@ class SlurmClient:
             wanted = set(ids)
             return {j: info for j, info in _parse_queue(output).items() if j in wanted}
         argv = ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
-        answer = await self._run(argv)
+        answer = await self.answer(argv)
         # squeue exits 1 ("Invalid job id specified") when none of the ids is known any more.
         if answer.returncode != 0 and not _invalid_job_id(answer.stderr):
             raise SlurmUnavailable(f"squeue: {_first_line(answer.stderr) or 'failed'}")
@@ -207,7 +186,7 @@ class SlurmClient:
 
     async def _squeue_mine(self) -> str:
         """Every job of this user that Slurm shows (running, queued, recently ended)."""
-        answer = await self._run(["squeue", "-h", "--me", "-t", "all", "-o", SQUEUE_FORMAT])
+        answer = await self.answer(["squeue", "-h", "--me", "-t", "all", "-o", SQUEUE_FORMAT])
         if answer.returncode != 0:
             raise SlurmUnavailable(f"squeue: {_first_line(answer.stderr) or 'failed'}")
         return answer.stdout
@@ -226,7 +205,7 @@ class SlurmClient:
                 break
             argv = ["sacct", *extra, "-X", "-n", "-P", "-j", ",".join(missing)]
             try:
-                answer = await self._run([*argv, "-o", SACCT_FIELDS])
+                answer = await self.answer([*argv, "-o", SACCT_FIELDS])
             except SlurmUnavailable:
                 continue  # accounting is optional; slurmctld is asked below
             if answer.returncode == 0:
@@ -242,7 +221,7 @@ class SlurmClient:
     async def _scontrol_history(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         infos = {}
         for job_id in job_ids:
-            answer = await self._run(["scontrol", "show", "job", "-o", _job_id(job_id)])
+            answer = await self.answer(["scontrol", "show", "job", "-o", _job_id(job_id)])
             if answer.returncode == 0:
                 info = parse_scontrol_job(answer.stdout)
                 if info is not None:
@@ -252,14 +231,14 @@ class SlurmClient:
         return infos
 
     async def partitions(self) -> list[Partition]:
-        out = await self._slurm(["sinfo", "-h", "-o", SINFO_FORMAT])
+        out = await self.output(["sinfo", "-h", "-o", SINFO_FORMAT])
         return parse_sinfo(out)
 
     async def memory_settings(self) -> tuple[str, str]:
         """``scontrol show config`` and ``scontrol show partition -o`` (memory: whether it is
         enforced, the defaults): memorypolicy.py reads them."""
-        config = await self._slurm(["scontrol", "show", "config"])
-        partitions = await self._slurm(["scontrol", "show", "partition", "-o"])
+        config = await self.output(["scontrol", "show", "config"])
+        partitions = await self.output(["scontrol", "show", "partition", "-o"])
         return config, partitions
 
     # -- accounting and the time limit (on request, never on the poll path) -------------------
@@ -267,12 +246,12 @@ class SlurmClient:
         """The user's associations (accounts, QOSes, limits) and default account: one
         ``sacctmgr``. SlurmError when accounting cannot be asked (e.g. no slurmdbd)."""
         argv = ["sacctmgr", "-n", "-P", "show", "user", "withassoc"]
-        out = await self._slurm([*argv, f"format={ASSOCIATION_FIELDS}", "where"], as_user=True)
+        out = await self.output([*argv, f"format={ASSOCIATION_FIELDS}", "where"], as_user=True)
         return parse_associations(out)
 
     async def qos(self) -> dict[str, Qos]:
         """Every QOS and its per-job limits: one ``sacctmgr``."""
-        out = await self._slurm(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FIELDS}"])
+        out = await self.output(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FIELDS}"])
         return parse_qos(out)
 
     async def usage(self, job_ids: Sequence[str]) -> list[UsageRow]:
@@ -280,7 +259,7 @@ class SlurmClient:
         SlurmError when there is no accounting."""
         ids = ",".join(_job_id(j) for j in job_ids)
         argv = ["sacct", "-n", "-P", "--noconvert", "-j", ids, "-o", USAGE_FIELDS]
-        return parse_usage(await self._slurm(argv))
+        return parse_usage(await self.output(argv))
 
     async def extend(self, job_id: str, minutes: int) -> None:
         """Add ``minutes`` to the job's time limit (``scontrol update``); ExtendRefused with
@@ -288,7 +267,7 @@ class SlurmClient:
         if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes < 1:
             raise SlurmError(f"not a number of minutes to add: {minutes!r}")
         argv = ["scontrol", "update", f"JobId={_job_id(job_id)}", f"TimeLimit=+{minutes}"]
-        answer = await self._run(argv)
+        answer = await self.answer(argv)
         if answer.returncode != 0:
             exc = CommandError(argv, answer.returncode, answer.stdout, answer.stderr)
             raise ExtendRefused(_slurm_message(exc))
@@ -299,7 +278,7 @@ class SlurmClient:
             return {}
         argv = ["sinfo", "-h", "-N", "-R", "-n", ",".join(nodes), "-o", "%N|%E"]
         reasons: dict[str, str] = {}
-        for line in (await self._slurm(argv)).splitlines():
+        for line in (await self.output(argv)).splitlines():
             node, _, reason = line.partition("|")
             for host in expand_hostlist(node):
                 reasons.setdefault(host, reason.strip())
@@ -316,7 +295,7 @@ class SlurmClient:
     async def _jobs_tagged_by(self, cluster_id_of: Callable[[str], str | None]) -> dict[str, str]:
         """This user's active jobs whose comment ``cluster_id_of`` reads a cluster id from
         (one squeue): job id -> cluster id."""
-        out = await self._slurm(["squeue", "-h", "--me", "-o", "%i|%k"])
+        out = await self.output(["squeue", "-h", "--me", "-o", "%i|%k"])
         found = {}
         for line in out.splitlines():
             job_id, _, comment = line.partition("|")
@@ -328,7 +307,7 @@ class SlurmClient:
     async def work_dirs(self) -> dict[str, str]:
         """This user's active jobs' working directories (``--chdir``: a cluster's job dir,
         whichever machine submitted it), one squeue: job id -> directory."""
-        out = await self._slurm(["squeue", "-h", "--me", "-o", "%i|%Z"])
+        out = await self.output(["squeue", "-h", "--me", "-o", "%i|%Z"])
         found = {}
         for line in out.splitlines():
             job_id, _, directory = line.partition("|")
@@ -353,7 +332,9 @@ def _parse_queue(output: str) -> dict[str, JobInfo]:
 
 
 @dataclass(frozen=True)
-class _Answer:
+class SlurmAnswer:
+    """A Slurm command's exit status and output (``SlurmClient.answer``)."""
+
     returncode: int
     stdout: str
     stderr: str

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import SlurmError, SpecError
 from ..spec import ClusterSpec
 from ..transport import Transport
-from .client import expand_hostlist
+from .formats import expand_hostlist
 from .heresteps import HeadStep, HereSteps
 
 __all__ = [

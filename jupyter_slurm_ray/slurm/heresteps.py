@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING
 from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..naming import allocation_of, is_here_job_id
+from ..scheduler.interface import Scheduler
+from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
 from ..transport import Transport
-from .client import JobInfo, SlurmClient, is_script_text, run_program, script_options
+from .client import SlurmClient, is_script_text, run_program, script_options
 
 if TYPE_CHECKING:
     from .queuecache import SharedQueue
@@ -244,10 +246,12 @@ def _info(
     )
 
 
-class HereSteps(SlurmClient):
-    """Slurm's jobs, and the head steps of clusters in their kernels' allocations."""
+class HereSteps(Scheduler):
+    """The head steps of clusters in their kernels' allocations, and Slurm's jobs (a here
+    cluster's worker jobs, the allocations themselves) through Slurm's own scheduler."""
 
     source = "here"
+    system = "--here"
 
     def __init__(
         self,
@@ -257,8 +261,21 @@ class HereSteps(SlurmClient):
         timeout: float = 30.0,
         shared: SharedQueue | None = None,
     ) -> None:
-        super().__init__(transport, timeout=timeout, shared=shared)
+        self.slurm = SlurmClient(transport, timeout=timeout, shared=shared)
+        super().__init__(transport, timeout=timeout)
         self.head = head
+
+    @property
+    def commands_run(self) -> int:  # Slurm's commands and its own, counted once
+        return self.slurm.commands_run
+
+    @commands_run.setter
+    def commands_run(self, count: int) -> None:
+        self.slurm.commands_run = count
+
+    @property
+    def shared(self) -> SharedQueue | None:
+        return self.slurm.shared
 
     async def _sh(self, program: str, *args: str) -> str:
         self.commands_run += 1
@@ -269,7 +286,7 @@ class HereSteps(SlurmClient):
     async def submit(self, script: str, *, timeout: float = 60.0) -> str:
         """With a head step: start the job script's text as that step (its id); else sbatch."""
         if self.head is None:
-            return await super().submit(script, timeout=timeout)
+            return await self.slurm.submit(script, timeout=timeout)
         if not is_script_text(script):
             raise SlurmError("--here runs a job script's text (#!…), not a file")
         options = script_options(script)
@@ -290,11 +307,13 @@ class HereSteps(SlurmClient):
             raise SlurmError(f"the head's step did not start (its runner said {step_id!r})")
         return step_id
 
-    async def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False):
+    async def cancel(
+        self, job_id: str, *, signal: str | None = None, batch_only: bool = False
+    ) -> None:
         """A here step: its steps asked to stop (USR2), or ended when asked again; the
         allocation is left alone. Anything else: Slurm's scancel."""
         if not is_here_job_id(str(job_id)):
-            return await super().cancel(job_id, signal=signal, batch_only=batch_only)
+            return await self.slurm.cancel(job_id, signal=signal, batch_only=batch_only)
         if signal is not None or batch_only:
             raise SlurmError("a --here cluster's step is stopped whole, not signalled")
         step_id, allocation = str(job_id).strip(), allocation_of(str(job_id))
@@ -309,7 +328,7 @@ class HereSteps(SlurmClient):
             if steps:
                 gently = [] if asked == "again" else ["--signal=USR2"]
                 try:
-                    await self._slurm(["scancel", *gently, *steps])
+                    await self.slurm.output(["scancel", *gently, *steps])
                 except SlurmError as exc:  # it ended meanwhile: nothing left to stop
                     if not _GONE.search(str(exc)):
                         raise
@@ -320,7 +339,7 @@ class HereSteps(SlurmClient):
 
     async def extend(self, job_id: str, minutes: int) -> None:
         if not is_here_job_id(str(job_id)):
-            return await super().extend(job_id, minutes)
+            return await self.slurm.extend(job_id, minutes)
         allocation = allocation_of(str(job_id))
         raise ExtendRefused(
             f"a --here cluster lives as long as its allocation {allocation}: extend the "
@@ -332,17 +351,17 @@ class HereSteps(SlurmClient):
         """``scontrol show job -d -o`` of one job (SlurmError in Slurm's words)."""
         if not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
             raise SlurmError(f"not a Slurm job id: {job_id!r}")
-        return await self._slurm(["scontrol", "show", "job", "-d", "-o", job_id])
+        return await self.slurm.output(["scontrol", "show", "job", "-d", "-o", job_id])
 
     # -- watching -------------------------------------------------------------------------------
     async def query(self, job_ids: Iterable[str], *, max_age: float = 0.0) -> dict[str, JobInfo]:
         ids = sorted({str(job_id).strip() for job_id in job_ids})
         steps = [job_id for job_id in ids if is_here_job_id(job_id)]
         if not steps:
-            return await super().query(ids, max_age=max_age)
+            return await self.slurm.query(ids, max_age=max_age)
         jobs = [job_id for job_id in ids if job_id not in steps]
         allocations = sorted({allocation_of(step) for step in steps})
-        infos = await super().query([*jobs, *allocations], max_age=max_age)
+        infos = await self.slurm.query([*jobs, *allocations], max_age=max_age)
         found = {job_id: infos[job_id] for job_id in jobs if job_id in infos}
         runs = {run.step_id: run for run in await self._runs(steps)}
         for step_id in steps:
@@ -370,7 +389,7 @@ class HereSteps(SlurmClient):
         """The ids of the allocation's steps called ``name`` (None: Slurm no longer shows the
         allocation)."""
         argv = ["squeue", "-h", "--steps", "-j", allocation, "-o", "%i|%j"]
-        answer = await self._run(argv)
+        answer = await self.slurm.answer(argv)
         if answer.returncode != 0:
             if "invalid job id" in answer.stderr.lower():
                 return None
@@ -378,3 +397,39 @@ class HereSteps(SlurmClient):
         rows = (line.split("|", 1) for line in answer.stdout.splitlines() if "|" in line)
         steps = [(step.strip(), named.strip()) for step, named in rows]
         return [step for step, named in steps if named == name and _STEP_ID.fullmatch(step)]
+
+    # -- the rest is Slurm's: its jobs, its site ------------------------------------------------
+    async def history(
+        self, job_ids: Sequence[str], *, remembered: Sequence[str] | None = None
+    ) -> dict[str, JobInfo]:
+        return await self.slurm.history(job_ids, remembered=remembered)
+
+    async def partitions(self) -> list[Partition]:
+        return await self.slurm.partitions()
+
+    async def memory_settings(self) -> tuple[str, str]:
+        return await self.slurm.memory_settings()
+
+    async def associations(self) -> list[Association]:
+        return await self.slurm.associations()
+
+    async def qos(self) -> dict[str, Qos]:
+        return await self.slurm.qos()
+
+    async def usage(self, job_ids: Sequence[str]) -> list[UsageRow]:
+        return await self.slurm.usage(job_ids)
+
+    async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
+        return await self.slurm.node_reasons(nodes)
+
+    async def tagged_jobs(self) -> dict[str, str]:
+        return await self.slurm.tagged_jobs()
+
+    async def tagged_worker_jobs(self) -> dict[str, str]:
+        return await self.slurm.tagged_worker_jobs()
+
+    async def work_dirs(self) -> dict[str, str]:
+        return await self.slurm.work_dirs()
+
+    async def find_tagged(self, cluster_id: str) -> str | None:
+        return await self.slurm.find_tagged(cluster_id)

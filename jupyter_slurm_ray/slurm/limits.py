@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import LimitError, SpecError
+from ..scheduler.records import Partition
 from ..spec import ClusterSpec, format_walltime
 from .accounting import Accounting
-from .client import Partition
-from .output import tres_amount
+from .formats import tres_amount
 
 __all__ = ["Request", "check_against_accounting"]
 

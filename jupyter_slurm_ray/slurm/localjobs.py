@@ -1,8 +1,8 @@
 """Local mode's scheduler: the cluster's job script run as processes of this machine.
 
-``LocalJobs`` answers the part of :class:`~.slurm.SlurmClient`'s API the lifecycle uses, so
-that ``cluster.py``, the watcher, the inventory and the server only pick the scheduler by the
-cluster's mode or a job's id (``schedulers.py``). The same job script and bootstrap run, one node:
+``LocalJobs`` is a :class:`~..scheduler.interface.Scheduler`, beside Slurm's: ``cluster.py``,
+the watcher, the inventory and the server only pick the scheduler by the cluster's mode or a
+job's id (``schedulers.py``). The same job script and bootstrap run, one node:
 
 - ``submit`` takes the script's text, as sbatch on its stdin, reads its ``#SBATCH`` lines (job
   dir, walltime, CPUs, memory, the warning signal, the ``--export`` list: the job gets only
@@ -26,26 +26,15 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..job.checks import parse_walltime
-from ..transport import Transport
-from .client import (
-    JobInfo,
-    Partition,
-    SlurmClient,
-    UsageRow,
-    is_script_text,
-    run_program,
-    script_options,
-)
-
-if TYPE_CHECKING:
-    pass
+from ..scheduler.interface import Scheduler
+from ..scheduler.records import JobInfo
+from .client import is_script_text, run_program, script_options
 
 log = logging.getLogger(__name__)
 
@@ -208,13 +197,11 @@ def job_limits(script: str) -> dict[str, str]:
     }
 
 
-class LocalJobs(SlurmClient):
-    """Jobs as process groups of this machine, with SlurmClient's answers (one node each)."""
+class LocalJobs(Scheduler):
+    """Jobs as process groups of this machine, answered as Slurm's are (one node each)."""
 
     source = "local"
-
-    def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
-        super().__init__(transport, timeout=timeout)
+    system = "local mode"
 
     async def _sh(self, program: str, *args: str, timeout: float | None = None) -> str:
         self.commands_run += 1
@@ -246,7 +233,9 @@ class LocalJobs(SlurmClient):
         log.info("started local job local-%s (%s)", pid, job_dir)
         return f"local-{pid}"
 
-    async def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False):
+    async def cancel(
+        self, job_id: str, *, signal: str | None = None, batch_only: bool = False
+    ) -> None:
         if signal is not None:
             raise SlurmError(f"local mode sends only scancel's SIGTERM, not {signal}")
         await self._sh(_CANCEL, _local_id(job_id))
@@ -260,26 +249,8 @@ class LocalJobs(SlurmClient):
         infos = (parse_local_line(line) for line in out.splitlines() if line.strip())
         return {info.job_id: info for info in infos if info is not None}
 
-    async def history(
-        self, job_ids: Sequence[str], *, remembered: Sequence[str] | None = None
-    ) -> dict[str, JobInfo]:
-        return await self.query(job_ids)
-
-    async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
-        return {}
-
-    async def tagged_jobs(self) -> dict[str, str]:
-        return {}  # local jobs carry no Slurm comment; their records are their only trace
-
-    async def find_tagged(self, cluster_id: str) -> str | None:
-        return None
-
-    # -- what only Slurm has ----------------------------------------------------------------
-    async def partitions(self) -> list[Partition]:
-        return []
-
-    async def usage(self, job_ids: Sequence[str]) -> list[UsageRow]:
-        raise SlurmError("local mode has no Slurm accounting")
+    # Local jobs carry no Slurm comment (their records are their only trace), there are no
+    # partitions, node reasons nor accounting: the interface's answers.
 
     async def extend(self, job_id: str, minutes: int) -> None:
         raise ExtendRefused(

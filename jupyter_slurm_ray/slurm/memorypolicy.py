@@ -27,10 +27,10 @@ from ..bootstrap.jsr_wire import (
     ray_memory_mb,
 )
 from ..errors import LimitError, SlurmError, TransportError
+from ..scheduler.records import Partition
 from ..spec import ClusterSpec
 from ..transport import Transport
 from .client import SlurmClient
-from .output import Partition
 
 __all__ = [
     "MemoryPolicy",

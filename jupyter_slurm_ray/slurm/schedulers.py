@@ -12,8 +12,10 @@ from functools import partial
 from pathlib import Path
 
 from ..naming import is_here_job_id
+from ..scheduler.interface import Scheduler
+from ..scheduler.records import JobInfo
 from ..transport import Transport
-from .client import JobInfo, SlurmClient
+from .client import SlurmClient
 from .heresteps import HereSteps
 from .localjobs import LocalJobs, is_local_job_id
 from .queuecache import SharedQueue
@@ -22,7 +24,7 @@ from .watch import JobWatcher
 
 def scheduler_for_mode(
     mode: str, transport: Transport, *, shared: SharedQueue | None = None
-) -> SlurmClient:
+) -> Scheduler:
     """The scheduler of a new cluster of ``mode`` (``ClusterSpec.mode``)."""
     if mode == "local":
         return LocalJobs(transport)
@@ -33,7 +35,7 @@ def scheduler_for_mode(
 
 def scheduler_of(
     transport: Transport, job_id: str | None, *, shared: SharedQueue | None = None
-) -> SlurmClient:
+) -> Scheduler:
     """The scheduler of one job, by its id."""
     if job_id is not None and is_local_job_id(job_id):
         return LocalJobs(transport)
@@ -43,7 +45,7 @@ def scheduler_of(
 
 
 async def query_jobs(
-    scheduler: SlurmClient, job_ids: Iterable[str], *, max_age: float = 0.0
+    scheduler: Scheduler, job_ids: Iterable[str], *, max_age: float = 0.0
 ) -> dict[str, JobInfo]:
     """``scheduler.query`` for jobs of any kind on its transport: local mode's asked of
     ``LocalJobs``; Slurm's and here steps of ``HereSteps`` when there are here steps among
@@ -61,18 +63,20 @@ async def query_jobs(
 
 
 async def _asked(
-    scheduler: SlurmClient, kind: type[SlurmClient], job_ids: list[str], max_age: float
+    scheduler: Scheduler, kind: type[Scheduler], job_ids: list[str], max_age: float
 ) -> dict[str, JobInfo]:
     """``job_ids`` asked of a ``kind`` (the scheduler itself when it is one: a here cluster's
     ``HereSteps`` knows Slurm's jobs too) on the scheduler's transport, counted as its own."""
-    if isinstance(scheduler, kind) and not (
-        kind is SlurmClient and isinstance(scheduler, LocalJobs)
-    ):
+    if isinstance(scheduler, kind) or (kind is SlurmClient and isinstance(scheduler, HereSteps)):
         return await scheduler.query(job_ids, max_age=max_age)
+    shared = getattr(scheduler, "shared", None)
+    other: Scheduler
     if kind is LocalJobs:
-        other: SlurmClient = LocalJobs(scheduler.transport, timeout=scheduler.timeout)
+        other = LocalJobs(scheduler.transport, timeout=scheduler.timeout)
+    elif kind is HereSteps:
+        other = HereSteps(scheduler.transport, timeout=scheduler.timeout, shared=shared)
     else:
-        other = kind(scheduler.transport, timeout=scheduler.timeout, shared=scheduler.shared)
+        other = SlurmClient(scheduler.transport, timeout=scheduler.timeout, shared=shared)
     try:
         return await other.query(job_ids, max_age=max_age)
     finally:
@@ -89,16 +93,17 @@ def watcher_for(
     ``shared_dir`` (the user's state dir), its queries share the user's queue on this host."""
     watcher = _watchers.get(transport)
     if watcher is None:
-        slurm = SlurmClient(transport)
-        watcher = JobWatcher(slurm, interval, partial(_query_jobs, slurm))
+        first = SlurmClient(transport)
+        watcher = JobWatcher(first, interval, partial(_query_jobs, first))
         _watchers[transport] = watcher
-    if shared_dir is not None and watcher.slurm.shared is None:
-        watcher.slurm.shared = SharedQueue(shared_dir, transport.target)
+    slurm = watcher.slurm  # the SlurmClient made above: its queue may be shared from now on
+    if shared_dir is not None and isinstance(slurm, SlurmClient) and slurm.shared is None:
+        slurm.shared = SharedQueue(shared_dir, transport.target)
     watcher.interval = min(watcher.interval, interval)
     return watcher
 
 
 async def _query_jobs(
-    scheduler: SlurmClient, job_ids: list[str], max_age: float
+    scheduler: Scheduler, job_ids: list[str], max_age: float
 ) -> dict[str, JobInfo]:
     return await query_jobs(scheduler, job_ids, max_age=max_age)

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import SlurmUnavailable, SpecError
+from ..scheduler.records import Partition
 from ..spec import ClusterSpec, format_walltime
 from ..transport import Transport
 from .accounting import Accounting, load_accounting
-from .client import Partition, SlurmClient
+from .client import SlurmClient
 from .hereplan import plan_here
 from .limits import check_against_accounting
 from .localjobs import with_local_mode_hint

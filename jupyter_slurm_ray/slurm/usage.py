@@ -16,10 +16,11 @@ from typing import Any
 
 from ..errors import SlurmError, TransportError
 from ..naming import allocation_of, is_here_job_id
+from ..scheduler.records import FINAL_STATES, UsageRow
 from ..transport import Transport
-from .client import FINAL_STATES, SlurmClient, UsageRow
+from .client import SlurmClient
+from .formats import tres_amount
 from .localjobs import is_local_job_id
-from .output import tres_amount
 
 __all__ = ["Usage", "cached_usage", "fetch_usage", "fetch_usages", "usage_of_rows"]
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ..errors import ExtendRefused, SlurmRayError, SpecError
 from ..job.checks import parse_walltime
+from ..scheduler.interface import Scheduler
 from ..states import Status
-from .client import SlurmClient
 
 __all__ = [
     "AMOUNT_ALLOWED",
@@ -71,7 +71,7 @@ class Extension:
     time_limit: int | None
 
 
-async def extend_walltime(slurm: SlurmClient, job_id: str | None, amount: object) -> Extension:
+async def extend_walltime(slurm: Scheduler, job_id: str | None, amount: object) -> Extension:
     """Add ``amount`` to the job's time limit, then ask Slurm for the new time left."""
     minutes = parse_extension(amount)
     if not job_id:

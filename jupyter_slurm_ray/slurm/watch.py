@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from ..errors import SlurmUnavailable
-from .client import JobInfo, SlurmClient
+from ..scheduler.interface import Scheduler
+from ..scheduler.records import JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,7 @@ Query = Callable[[list[str], float], Awaitable[dict[str, JobInfo]]]  # (job ids,
 class JobWatcher:
     """Ticks for all subscribed jobs, asks Slurm for all of them at once when due."""
 
-    def __init__(
-        self, slurm: SlurmClient, interval: float = 1.0, query: Query | None = None
-    ) -> None:
+    def __init__(self, slurm: Scheduler, interval: float = 1.0, query: Query | None = None) -> None:
         """``query`` asks for the jobs (``slurm.query`` unless given: ``schedulers.watcher_for``
         gives one that asks for jobs of any kind)."""
         self.slurm = slurm

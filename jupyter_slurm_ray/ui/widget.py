@@ -22,9 +22,10 @@ from ..aio import background_loop, run_sync
 from ..cluster import SlurmRayCluster
 from ..config import Profile, effective_setting, load_profiles, profiles_path, resolve_spec
 from ..errors import SlurmRayError
+from ..scheduler.records import Partition
 from ..session import Session, get_session
 from ..slurm.accounting import Accounting, load_accounting
-from ..slurm.client import Partition, SlurmClient
+from ..slurm.client import SlurmClient
 from ..slurm.memorypolicy import MemoryPolicy, load_memory_policy
 from ..slurm.sitecheck import check_spec, describe_partition
 from ..spec import ClusterSpec

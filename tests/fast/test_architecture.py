@@ -7,9 +7,12 @@ from pathlib import Path
 
 from tests.helpers.importgraph import ROOT, package_graph
 
-WINGS = ("bootstrap", "client", "doctor", "elastic", "job", "server", "slurm", "ui")
+WINGS = ("bootstrap", "client", "doctor", "elastic", "job", "scheduler", "server", "slurm", "ui")
 UI_AND_SERVER = ("ui", "server")
-MOST_LAYERS = 10  # 14 before 2026-12-03, 11 on 2026-12-03 (docs/architecture.md: how)
+# 14 before 2026-12-03, 11 on 2026-12-03, 10 after (docs/architecture.md: how); 11 since
+# 2026-12-07: the scheduler interface (scheduler/interface.py) is a layer of its own under
+# every scheduler, which the cluster reaches through slurm/schedulers.py
+MOST_LAYERS = 11
 
 
 def test_no_module_imports_itself_back_even_under_type_checking_or_inside_a_function():

@@ -21,8 +21,9 @@ from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import ArgumentError, ExtendRefused, SpecError
 from jupyter_slurm_ray.job.script import bootstrap_settings
 from jupyter_slurm_ray.naming import allocation_of, is_here_job_id
+from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.session import Session
-from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.hereplan import (
     choose_hosts,
     head_step,

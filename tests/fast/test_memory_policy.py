@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import LimitError, SpecError
+from jupyter_slurm_ray.scheduler.records import Partition
 from jupyter_slurm_ray.slurm.memorypolicy import (
     MemoryPolicy,
     check_memory,
@@ -17,7 +18,6 @@ from jupyter_slurm_ray.slurm.memorypolicy import (
     parse_memory_policy,
     suggested_memory,
 )
-from jupyter_slurm_ray.slurm.output import Partition
 from jupyter_slurm_ray.spec import ClusterSpec
 
 RELEASES = Path(__file__).parent.parent / "resources" / "slurm-output"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jupyter_slurm_ray.slurm.output import JobInfo
+from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.states import EventSummary, State, Status, derive_status
 
 from ..helpers.bootstrap import bootstrap_module

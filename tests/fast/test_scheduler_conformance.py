@@ -4,14 +4,17 @@ views rely on, checked on each implementation the package has.
 - Slurm's client (``slurm/client.py``) on the scripted Slurm;
 - local mode's jobs (``slurm/localjobs.py``): real process groups of this machine;
 - the ``--here`` scheduler (``slurm/heresteps.py``) for the Slurm jobs it also runs (a here
-  cluster's worker jobs), on the scripted Slurm.
+  cluster's worker jobs), on the scripted Slurm;
+- a toy scheduler of the tests (``tests/helpers/toyscheduler.py``): the interface in one file,
+  as a second batch system would add it.
 
 The contract: ``submit`` gives an id that ``query`` then answers for, by that id; a job that
 ends is final with its exit code, in ``query`` and in ``history``; ``cancel`` ends a job as
 CANCELLED; an id the scheduler does not know is left out of an answer (never an error); what
 a scheduler cannot do (a longer walltime, accounting, partitions, node reasons, tags) is an
 empty answer or a refusal in its own words (``ExtendRefused``, ``SlurmError``), never another
-failure. A new scheduler (#34's interface) passes this module before anything uses it.
+failure. A new scheduler (``scheduler/interface.py``) passes this module before anything uses
+it.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import ExtendRefused, SlurmError
-from jupyter_slurm_ray.slurm.client import JobInfo, Partition, SlurmClient
+from jupyter_slurm_ray.scheduler.interface import Scheduler
+from jupyter_slurm_ray.scheduler.records import JobInfo, Partition
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.heresteps import HereSteps
 from jupyter_slurm_ray.slurm.localjobs import LocalJobs
 from jupyter_slurm_ray.transport import LocalTransport
 from tests.helpers.fakeslurm import FakeSlurm, FakeTransport
+from tests.helpers.toyscheduler import ToyScheduler
 
 # The job: it waits until the test lets it end (the file "go" in its job dir holds its exit
 # status); TERM (cancel) ends it at once.
@@ -47,14 +53,14 @@ WITHIN = 20.0  # seconds a job may take to be seen ended (local mode: a real pro
 class Bench:
     """One scheduler, and how the test moves its jobs along."""
 
-    scheduler: SlurmClient
+    scheduler: Scheduler
     start: Callable[[str], None]  # the job runs (Slurm: it left the queue)
     finish: Callable[[str, Path, int], None]  # the job ends with this exit status
     unknown_id: str  # an id of this scheduler's kind that no job has
     submitted: list[str] = field(default_factory=list)
 
 
-def scripted_slurm(kind: type[SlurmClient]) -> Bench:
+def scripted_slurm(kind: type[SlurmClient | HereSteps]) -> Bench:
     slurm = FakeSlurm()
 
     def finish(job_id: str, _job_dir: Path, status: int) -> None:
@@ -63,17 +69,19 @@ def scripted_slurm(kind: type[SlurmClient]) -> Bench:
     return Bench(kind(FakeTransport(slurm)), slurm.run, finish, "99999")
 
 
-def local_processes() -> Bench:
+def processes_of_this_machine(scheduler: Scheduler, unknown_id: str) -> Bench:
     def finish(_job_id: str, job_dir: Path, status: int) -> None:
         (job_dir / "go").write_text(f"{status}\n")
 
-    return Bench(LocalJobs(LocalTransport()), lambda _job_id: None, finish, "local-999999999")
+    return Bench(scheduler, lambda _job_id: None, finish, unknown_id)
 
 
 BENCHES: dict[str, Callable[[], Bench]] = {
     "slurm": lambda: scripted_slurm(SlurmClient),
-    "local": local_processes,
+    "local": lambda: processes_of_this_machine(LocalJobs(LocalTransport()), "local-999999999"),
     "here": lambda: scripted_slurm(HereSteps),
+    # a second batch system, as one file would add it (tests/helpers/toyscheduler.py)
+    "toy": lambda: processes_of_this_machine(ToyScheduler(LocalTransport()), "toy-999"),
 }
 
 

@@ -14,14 +14,9 @@ from jupyter_slurm_ray.errors import LimitError, SlurmRayError, SpecError
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.session import Session
 from jupyter_slurm_ray.slurm.accounting import Accounting, forget_cached, load_accounting
+from jupyter_slurm_ray.slurm.formats import parse_tres, tres_amount
 from jupyter_slurm_ray.slurm.limits import check_against_accounting
-from jupyter_slurm_ray.slurm.output import (
-    parse_associations,
-    parse_qos,
-    parse_sinfo,
-    parse_tres,
-    tres_amount,
-)
+from jupyter_slurm_ray.slurm.output import parse_associations, parse_qos, parse_sinfo
 from jupyter_slurm_ray.slurm.sitecheck import check_spec, check_with_slurm
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.ui.widget import ClusterPanel

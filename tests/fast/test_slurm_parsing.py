@@ -7,11 +7,9 @@ from datetime import datetime
 import pytest
 
 from jupyter_slurm_ray.errors import SlurmError
-from jupyter_slurm_ray.slurm.client import (
-    _job_id,
-    expand_hostlist,
-    parse_duration,
-    parse_exit_code,
+from jupyter_slurm_ray.slurm.client import _job_id
+from jupyter_slurm_ray.slurm.formats import expand_hostlist, parse_duration, parse_exit_code
+from jupyter_slurm_ray.slurm.output import (
     parse_sacct,
     parse_scontrol_job,
     parse_sinfo,

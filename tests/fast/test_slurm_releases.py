@@ -24,12 +24,10 @@ from jupyter_slurm_ray.slurm.client import (
     _invalid_job_id,
     _no_controller,
     _slurm_message,
-    parse_sacct,
-    parse_scontrol_job,
-    parse_squeue_line,
 )
 from jupyter_slurm_ray.slurm.hereplan import parse_allocation
 from jupyter_slurm_ray.slurm.heresteps import HereSteps
+from jupyter_slurm_ray.slurm.output import parse_sacct, parse_scontrol_job, parse_squeue_line
 from jupyter_slurm_ray.transport import CommandResult, Transport
 
 from ..helpers.bootstrap import bootstrap_module

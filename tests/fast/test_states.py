@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from jupyter_slurm_ray.slurm.client import JobInfo
+from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.states import EventSummary, State, Status, derive_status
 from jupyter_slurm_ray.ui.formatting import status_line
 

@@ -8,7 +8,8 @@ import json
 
 from jupyter_slurm_ray.follow import JobFollower
 from jupyter_slurm_ray.lease import Lease, renew_interval
-from jupyter_slurm_ray.slurm.client import JobInfo, SlurmClient
+from jupyter_slurm_ray.scheduler.records import JobInfo
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
 
 from ..helpers.waiting import until

@@ -1,0 +1,104 @@
+"""What the package asks of the system that runs a cluster's jobs: :class:`Scheduler`.
+
+Its implementations are siblings, none a kind of another: Slurm's command lines
+(``slurm/client.py``), local mode's processes of this machine (``slurm/localjobs.py``), and the
+steps of a kernel's own allocation (``slurm/heresteps.py``, which runs its other jobs through
+Slurm's). The contract each keeps is tested once for all of them
+(``tests/fast/test_scheduler_conformance.py``): ``submit`` gives an id that ``query`` answers
+for; a job that ends is final with its exit status; ``cancel`` ends a job as CANCELLED; an id
+a scheduler does not know is left out of its answers.
+
+What a system does not have is answered as the defaults below do: no partitions, no node
+reasons, no tagged jobs, no memory policy; accounting, usage and a longer walltime refused in
+words that name the system.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from ..errors import ExtendRefused, SlurmError
+from ..transport import Transport
+from .records import Association, JobInfo, Partition, Qos, UsageRow
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler(ABC):
+    """Submits, watches and cancels one kind of job through a Transport (where its commands
+    run). Queries answer for every job asked about that the system knows, or raise
+    ``SlurmUnavailable`` when the system could not be asked."""
+
+    #: the kind of job, as ``JobInfo.source`` names it
+    source: ClassVar[str]
+    #: the system in a sentence's words ("Slurm", "local mode", "--here")
+    system: ClassVar[str]
+
+    def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
+        self.transport = transport
+        self.timeout = timeout
+        self.commands_run = 0  # the commands it ran, so tests can hold it to "one per poll"
+
+    # -- what every scheduler does ----------------------------------------------------------
+    @abstractmethod
+    async def submit(self, script: str, *, timeout: float = 60.0) -> str:
+        """Start a job script (its text, ``#!…``; or a path): the job's id."""
+
+    @abstractmethod
+    async def cancel(
+        self, job_id: str, *, signal: str | None = None, batch_only: bool = False
+    ) -> None:
+        """End a job (or only signal it, or its batch step only, where the system can)."""
+
+    @abstractmethod
+    async def query(self, job_ids: Iterable[str], *, max_age: float = 0.0) -> dict[str, JobInfo]:
+        """The state of each job of ``job_ids`` the system knows (an answer up to ``max_age``
+        seconds old may be shared with the user's other processes)."""
+
+    async def history(
+        self, job_ids: Sequence[str], *, remembered: Sequence[str] | None = None
+    ) -> dict[str, JobInfo]:
+        """The final state of ended jobs (``remembered``: those the system is known to keep)."""
+        return await self.query(job_ids)
+
+    # -- what only some systems have --------------------------------------------------------
+    async def partitions(self) -> list[Partition]:
+        return []
+
+    async def memory_settings(self) -> tuple[str, str]:
+        """The system's memory policy, as ``slurm/memorypolicy.py`` reads it ("": none)."""
+        return "", ""
+
+    async def associations(self) -> list[Association]:
+        raise SlurmError(f"{self.system} has no Slurm accounting")
+
+    async def qos(self) -> dict[str, Qos]:
+        raise SlurmError(f"{self.system} has no Slurm accounting")
+
+    async def usage(self, job_ids: Sequence[str]) -> list[UsageRow]:
+        raise SlurmError(f"{self.system} has no Slurm accounting")
+
+    async def extend(self, job_id: str, minutes: int) -> None:
+        raise ExtendRefused(f"{self.system} cannot extend a running job's walltime")
+
+    async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Why each of ``nodes`` that is down, drained or failing is so."""
+        return {}
+
+    async def tagged_jobs(self) -> dict[str, str]:
+        """This user's active jobs that carry a cluster's tag: job id -> cluster id."""
+        return {}
+
+    async def tagged_worker_jobs(self) -> dict[str, str]:
+        """This user's active worker jobs: job id -> the cluster id of their tag."""
+        return {}
+
+    async def work_dirs(self) -> dict[str, str]:
+        """This user's active jobs' working directories: job id -> directory."""
+        return {}
+
+    async def find_tagged(self, cluster_id: str) -> str | None:
+        """The newest active job tagged for ``cluster_id``, if any."""
+        return None
