@@ -30,19 +30,19 @@ FINAL_STATES = frozenset(
 
 @dataclass(frozen=True)
 class JobInfo:
-    """What Slurm says about one job at one moment."""
+    """What a scheduler says about one job at one moment."""
 
     job_id: str
     state: str
     reason: str | None = None
     nodes: tuple[str, ...] = ()
     node_count: int = 0
-    start_time: datetime | None = None  # actual, or Slurm's estimate while PENDING
+    start_time: datetime | None = None  # actual, or the scheduler's estimate while PENDING
     time_left: int | None = None  # seconds; None when unknown or unlimited
     time_limit: int | None = None
     name: str = ""
     exit_code: int | None = None
-    source: str = "squeue"
+    source: str = ""  # what answered (Slurm's: squeue, sacct, scontrol; local; here)
     comment: str = ""
 
     @property
@@ -72,13 +72,13 @@ class Partition:
     max_time: int | None = None  # seconds; None = unlimited
     is_default: bool = False
     gpus_per_node: int = field(default=0)
-    max_nodes: int | None = None  # Slurm's MaxNodes (per job); None = unlimited or unknown
+    max_nodes: int | None = None  # most nodes per job; None = unlimited or unknown
 
 
 @dataclass(frozen=True)
 class Association:
-    """One association of a user with an account (``sacctmgr show user withassoc``): the QOSes
-    it may use and the per-job limits set on it."""
+    """One association of a user with an account: the QOSes it may use and the per-job limits
+    set on it."""
 
     user: str
     account: str
@@ -94,7 +94,7 @@ class Association:
 
 @dataclass(frozen=True)
 class Qos:
-    """One QOS (``sacctmgr show qos``) and its per-job limits."""
+    """One QOS (quality of service) and its per-job limits."""
 
     name: str
     max_wall: int | None = None  # seconds (MaxWall)
@@ -106,7 +106,7 @@ class Qos:
 
 @dataclass(frozen=True)
 class UsageRow:
-    """One line of ``sacct`` for usage: a job's allocation (``step`` None) or one of its steps."""
+    """What one job used: its allocation (``step`` None) or one of its steps."""
 
     job_id: str  # "25", "25.batch", "25.0"
     allocation: str  # "25"

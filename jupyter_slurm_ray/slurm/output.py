@@ -52,6 +52,7 @@ def parse_squeue_line(line: str) -> JobInfo | None:
     )
     return JobInfo(
         job_id=job_id,
+        source="squeue",
         state=state.split()[0] if state else "UNKNOWN",
         reason=None if reason in {"", "None", "(null)"} else reason,
         nodes=tuple(expand_hostlist(nodelist)),

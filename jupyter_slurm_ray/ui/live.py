@@ -100,7 +100,8 @@ class Notices:
 
     async def _summarise(self, status: Status) -> None:
         try:
-            usage = await settled_usage(self.cluster, status.job_id or "")
+            jobs = self.cluster.slurm_job_ids() or [status.job_id or ""]  # worker jobs too
+            usage = await settled_usage(self.cluster, jobs)
             self.emit(f"{self.cluster.spec.name} ({status.state.value}): {usage_summary(usage)}")
         except Exception:  # a summary is a courtesy; the kernel must go on
             log.exception("summarising the usage of %s failed", self.cluster.id)
@@ -110,16 +111,17 @@ class Notices:
 
 
 async def settled_usage(
-    cluster: SlurmRayCluster, job_id: str, attempts: int = 8, pause: float = 2.0
+    cluster: SlurmRayCluster, job_ids: list[str], attempts: int = 8, pause: float = 2.0
 ) -> Usage:
-    """The job's usage once accounting has recorded its end (slurmdbd may lag a little)."""
-    usage = await fetch_usage(cluster.transport, [job_id], max_age=0)
+    """What the cluster's jobs (the head's and its worker jobs', as ``cluster.usage`` counts
+    them) used, once accounting has recorded their end (slurmdbd may lag a little)."""
+    usage = await fetch_usage(cluster.transport, job_ids, max_age=0)
     for _ in range(attempts - 1):
         waiting = usage.available and not usage.final
         if not (waiting or (usage.unavailable or "").startswith("sacct has no record")):
             break
         await asyncio.sleep(pause)
-        usage = await fetch_usage(cluster.transport, [job_id], max_age=0)
+        usage = await fetch_usage(cluster.transport, job_ids, max_age=0)
     return usage
 
 

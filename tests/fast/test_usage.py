@@ -129,6 +129,28 @@ async def test_the_notebook_prints_the_usage_once_when_the_cluster_ends(make_clu
     assert len(lines) == 1
 
 
+async def test_the_end_of_run_line_counts_the_worker_jobs_as_cluster_usage_does(
+    make_cluster, slurm, monkeypatch
+):
+    slurm.accounting = True
+    cluster = make_cluster(name="elastic")
+    await cluster.up_async(wait=False)
+    head = slurm.only_job()
+    head.usage = [line.replace("25", head.job_id) for line in ONE_NODE]
+    worker = FakeJob("40", "/nowhere/worker.sbatch", state="COMPLETED", usage=TWO_NODES)
+    slurm.jobs["40"] = worker  # a worker job the cluster scaled out to
+    monkeypatch.setattr(cluster, "slurm_job_ids", lambda: [head.job_id, "40"])
+    lines: list[str] = []
+    notices = Notices(cluster, lines.append)
+    slurm.end(head.job_id)
+    await until(lambda: lines, 10, "the usage line")
+    notices.summary.result(5)
+    everything = await cluster.usage_async()
+    assert everything.cpu_seconds == 10 + 4 * 3600  # the head's and the worker job's
+    assert lines == [f"elastic (STOPPED): {usage_summary(everything)}"]
+    assert "4 CPU-hours, 2 GPU-hours" in lines[0]
+
+
 # -- REST -----------------------------------------------------------------------------------------
 def _record(registry: Registry, job_id: str, name: str, state: str = "READY") -> str:
     cluster_id = f"{name}-0000"
