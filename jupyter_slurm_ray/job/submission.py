@@ -21,7 +21,6 @@ from ..errors import (
     TransportError,
 )
 from ..scheduler.interface import Scheduler
-from ..slurm.localjobs import LocalJobs, with_local_mode_hint
 from ..spec import ClusterSpec
 from ..transport import Transport
 from . import packs
@@ -88,8 +87,8 @@ async def submit(
     except SlurmError as exc:  # nothing was queued
         forget_record()
         await job_dir.remove()
-        if isinstance(exc, SlurmUnavailable) and not isinstance(slurm, LocalJobs):
-            raise with_local_mode_hint(exc) from None
+        if isinstance(exc, SlurmUnavailable):
+            raise slurm.unreachable(exc) from None
         raise
 
 

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from ..errors import ExtendRefused, SlurmError
+from ..errors import ExtendRefused, SlurmError, SlurmUnavailable
 from ..transport import Transport
 from .records import Association, JobInfo, Partition, Qos, UsageRow
 
@@ -62,6 +62,10 @@ class Scheduler(ABC):
     ) -> dict[str, JobInfo]:
         """The final state of ended jobs (``remembered``: those the system is known to keep)."""
         return await self.query(job_ids)
+
+    def unreachable(self, silence: SlurmUnavailable) -> SlurmUnavailable:
+        """What the user is told when the system did not answer (and what to do)."""
+        return silence
 
     # -- what only some systems have --------------------------------------------------------
     async def partitions(self) -> list[Partition]:

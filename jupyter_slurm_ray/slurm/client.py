@@ -45,7 +45,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SlurmClient"]
+__all__ = ["LOCAL_MODE_HINT", "SlurmClient", "with_local_mode_hint"]
+
+#: what to do where no Slurm answers at all
+LOCAL_MODE_HINT = (
+    "no Slurm here? local mode runs the cluster as processes of this machine: "
+    '`%slurm_ray up --local`, or mode = "local" (SlurmRay.mode, JUPYTER_SLURM_RAY_MODE=local, '
+    "or a profile)"
+)
 
 # The script comes on stdin: what Slurm keeps is the text that was checked, never a file
 # someone could swap by its path. (Constant; "$1", when given, is the path of a script file,
@@ -101,6 +108,9 @@ class SlurmClient(Scheduler):
             exc = CommandError(list(argv), answer.returncode, answer.stdout, answer.stderr)
             raise SlurmError(_slurm_message(exc))
         return answer.stdout
+
+    def unreachable(self, silence: SlurmUnavailable) -> SlurmUnavailable:
+        return with_local_mode_hint(silence)
 
     # -- submit / cancel --------------------------------------------------------------------
     async def submit(self, script: str, *, timeout: float = 60.0) -> str:
@@ -319,6 +329,11 @@ class SlurmClient(Scheduler):
         """The job id of the active job tagged for ``cluster_id`` (the newest), or None."""
         jobs = [j for j, c in (await self.tagged_jobs()).items() if c == cluster_id]
         return max(jobs, key=int) if jobs else None
+
+
+def with_local_mode_hint(exc: SlurmUnavailable) -> SlurmUnavailable:
+    """The same silence, its message ending with how to run without Slurm."""
+    return SlurmUnavailable(f"{exc}; {LOCAL_MODE_HINT}")
 
 
 def is_script_text(script: str) -> bool:

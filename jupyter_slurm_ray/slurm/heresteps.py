@@ -399,6 +399,9 @@ class HereSteps(Scheduler):
         return [step for step, named in steps if named == name and _STEP_ID.fullmatch(step)]
 
     # -- the rest is Slurm's: its jobs, its site ------------------------------------------------
+    def unreachable(self, silence: SlurmUnavailable) -> SlurmUnavailable:
+        return self.slurm.unreachable(silence)
+
     async def history(
         self, job_ids: Sequence[str], *, remembered: Sequence[str] | None = None
     ) -> dict[str, JobInfo]:

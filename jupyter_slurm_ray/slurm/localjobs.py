@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
-from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
+from ..errors import CommandError, ExtendRefused, SlurmError
 from ..job.checks import parse_walltime
 from ..scheduler.interface import Scheduler
 from ..scheduler.records import JobInfo
@@ -39,18 +39,11 @@ from .client import is_script_text, run_program, script_options
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "LOCAL_MODE_HINT",
     "LocalJobs",
     "is_local_job_id",
     "job_limits",
-    "with_local_mode_hint",
 ]
 
-LOCAL_MODE_HINT = (
-    "no Slurm here? local mode runs the cluster as processes of this machine: "
-    '`%slurm_ray up --local`, or mode = "local" (SlurmRay.mode, JUPYTER_SLURM_RAY_MODE=local, '
-    "or a profile)"
-)
 KILL_GRACE = 30  # seconds between the cancel's SIGTERM and SIGKILL (Slurm's KillWait default)
 STATE_DIR = "$HOME/.jupyter-slurm-ray/local-jobs"  # expanded by the shell of the job's user
 
@@ -172,11 +165,6 @@ kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
 def is_local_job_id(job_id: str) -> bool:
     """``local-<pid>``: the id of a local-mode job."""
     return job_id.startswith("local-") and job_id[len("local-") :].isdigit()
-
-
-def with_local_mode_hint(exc: SlurmUnavailable) -> SlurmUnavailable:
-    """The same silence, its message ending with how to run without Slurm."""
-    return SlurmUnavailable(f"{exc}; {LOCAL_MODE_HINT}")
 
 
 def job_limits(script: str) -> dict[str, str]:

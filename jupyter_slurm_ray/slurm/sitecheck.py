@@ -19,7 +19,6 @@ from .accounting import Accounting, load_accounting
 from .client import SlurmClient
 from .hereplan import plan_here
 from .limits import check_against_accounting
-from .localjobs import with_local_mode_hint
 from .memorypolicy import MemoryPolicy, check_memory, load_memory_policy
 
 __all__ = [
@@ -126,10 +125,11 @@ async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck
     if spec.mode == "here":  # nothing is submitted: the kernel's allocation is checked instead
         plan = await plan_here(transport, spec)
         return SiteCheck([], Accounting(unavailable="--here"), plan.notes(spec))
+    slurm = SlurmClient(transport)
     try:
-        partitions = await SlurmClient(transport).partitions()
+        partitions = await slurm.partitions()
     except SlurmUnavailable as exc:
-        raise with_local_mode_hint(exc) from None
+        raise slurm.unreachable(exc) from None
     accounting = await load_accounting(transport)
     memory = await load_memory_policy(transport)
     notes = check_spec(spec, partitions, accounting, memory)

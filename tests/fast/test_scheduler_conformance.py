@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_slurm_ray.errors import ExtendRefused, SlurmError
+from jupyter_slurm_ray.errors import ExtendRefused, SlurmError, SlurmUnavailable
 from jupyter_slurm_ray.scheduler.interface import Scheduler
 from jupyter_slurm_ray.scheduler.records import JobInfo, Partition
 from jupyter_slurm_ray.slurm.client import SlurmClient
@@ -168,3 +168,8 @@ async def test_what_it_cannot_do_is_an_empty_answer_or_a_refusal_in_its_words(
     assert await jobs.node_reasons([]) == {}
     assert isinstance(await jobs.tagged_jobs(), dict)
     assert await jobs.find_tagged("ray-00000000") is None
+    silence = SlurmUnavailable("sbatch: Unable to contact slurm controller")
+    told = jobs.unreachable(silence)  # what the user reads when the system did not answer
+    assert isinstance(told, SlurmUnavailable) and str(told).startswith(str(silence))
+    if isinstance(jobs, SlurmClient | HereSteps):  # no Slurm here? then local mode
+        assert "--local" in str(told)
