@@ -49,7 +49,7 @@ from .job.directory import JobDir
 from .lease import Lease
 from .naming import local_mode_target, new_cluster_id
 from .owner import ProcessIdentity
-from .ownership import Ownership, Role
+from .ownership import Ownership, Standing
 from .registry import ClusterRecord, Registry
 from .scheduler.interface import Scheduler
 from .scheduler.records import JobInfo
@@ -58,7 +58,7 @@ from .slurm.heresteps import HereSteps
 from .slurm.schedulers import scheduler_for_mode, watcher_for
 from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
 from .slurm.walltime import Extension, extend_walltime
-from .slurm.watch import Answer
+from .slurm.watch import JobNews
 from .spec import ClusterSpec
 from .startup import wait_until
 from .states import State, Status, record_fields, status_of_record
@@ -172,7 +172,7 @@ class SlurmRayCluster:
     @property
     def observing(self) -> bool:
         """This process watches the cluster that another process owns."""
-        return self.ownership.role is Role.OBSERVER
+        return self.ownership.role is Standing.OBSERVER
 
     @property
     def workers(self) -> ElasticWorkers:
@@ -291,7 +291,7 @@ class SlurmRayCluster:
         await self.refresh_async()
         if self._status.state.is_final or self.owned_here:
             return self
-        if await self.ownership.settle(self.job_directory(), takeover=takeover) is Role.OWNER:
+        if await self.ownership.settle(self.job_directory(), takeover=takeover) is Standing.OWNER:
             self._own(job_id)
         else:
             self._follow(job_id)
@@ -546,9 +546,9 @@ class SlurmRayCluster:
                 infos = await self.slurm.query([job_id])
             except SlurmUnavailable as exc:
                 silent = self._follower.silent_since or time.time()
-                await self._on_answer(Answer(None, False, silent, str(exc)))
+                await self._on_answer(JobNews(None, False, silent, str(exc)))
             else:
-                answer = Answer(infos.get(job_id))
+                answer = JobNews(infos.get(job_id))
                 watcher_for(self.transport).remember(job_id, answer)
                 await self._on_answer(answer)
         return self._status
@@ -685,7 +685,7 @@ class SlurmRayCluster:
             raise SlurmRayError(f"cluster {self.id} has no job dir yet")
         return JobDir(self.transport, self.job_dir)
 
-    async def _on_answer(self, answer: Answer) -> None:
+    async def _on_answer(self, answer: JobNews) -> None:
         """One poll's news: Slurm's answer (or silence) plus the job's new events."""
         log_tail = await self._follower.observe(answer, self.job_directory(), self.slurm)
         self.elastic.note_new_events()

@@ -16,7 +16,7 @@ from .errors import SlurmRayError
 from .job.directory import JobDir
 from .scheduler.interface import Scheduler
 from .scheduler.records import JobInfo
-from .slurm.watch import Answer
+from .slurm.watch import JobNews
 from .states import EventSummary, Status, derive_status, last_known_job
 
 FORGOTTEN_AFTER = 3  # answers in a row in which Slurm said it does not know the job
@@ -42,7 +42,7 @@ class JobFollower:
         # never counted two)
         self._reading = asyncio.Lock()
 
-    async def observe(self, answer: Answer, job_dir: JobDir, slurm: Scheduler) -> str:
+    async def observe(self, answer: JobNews, job_dir: JobDir, slurm: Scheduler) -> str:
         """Take in one poll's news; returns the job's log tail when it ended badly."""
         await self.read_events(job_dir)
         job = answer.job

@@ -36,14 +36,16 @@ from .states import FINAL, State, Status, record_fields
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Claim", "Ownership", "Role"]
+__all__ = ["Claim", "Ownership", "Standing"]
 
 JobDirOf = Callable[[], JobDir]
 
 _observing: weakref.WeakSet[Ownership] = weakref.WeakSet()  # leave the records' observers at exit
 
 
-class Role(str, enum.Enum):
+class Standing(str, enum.Enum):
+    """How this process stands toward a cluster (not the bootstrap's ``Role`` of a node)."""
+
     OWNER = "owner"
     OBSERVER = "observer"
     NONE = "none"  # a cluster object that only reads or stops (the CLI, the server's handles)
@@ -126,7 +128,7 @@ class Ownership:
         self.owner_timeout = owner_timeout
         self.me = process or this_process()
         self.lease = Lease(owner_timeout, self.me)
-        self.role = Role.NONE
+        self.role = Standing.NONE
         self.owner: ProcessIdentity | None = None  # who owns the cluster, as last seen
         self.owner_alive = True
         self.taken_over = False  # this process owned the cluster until another took it over
@@ -140,14 +142,14 @@ class Ownership:
 
     @property
     def owned(self) -> bool:
-        return self.role is Role.OWNER
+        return self.role is Standing.OWNER
 
     # -- what the views say --------------------------------------------------------------------
     def note(self) -> str | None:
         """The status' word on ownership: None for the owner; ``observing; owned by pid N on
         host`` for an observer; ``taken over; owned by …`` for a displaced owner; for a cluster
         object that neither owns nor observes, ``owned by …``."""
-        if self.role is Role.OWNER or self.owner is None:
+        if self.role is Standing.OWNER or self.owner is None:
             return None
         owned = f"owned by {self.owner.describe()}"
         if not self.owner_alive:
@@ -155,13 +157,13 @@ class Ownership:
                 f"its owner ({self.owner.describe()}) is gone: it stops by itself unless "
                 "taken over (attach --takeover)"
             )
-        if self.role is Role.OBSERVER:
+        if self.role is Standing.OBSERVER:
             return f"{'taken over' if self.taken_over else 'observing'}; {owned}"
         return owned
 
     def require(self, what: str, name: str) -> None:
         """SlurmRayError unless this process owns the cluster: only the owner may ``what``."""
-        if self.role is Role.OWNER:
+        if self.role is Standing.OWNER:
             return
         by = f"{self.owner.describe()} owns it" if self.owner else "another process owns it"
         raise SlurmRayError(
@@ -171,12 +173,12 @@ class Ownership:
 
     def describe(self) -> str:
         """Who owns it, for the repr's ``owner`` row."""
-        if self.role is Role.OWNER:
+        if self.role is Standing.OWNER:
             return f"this process ({self.me.describe()})"
         if self.owner is None:
             return "unknown"
         alive = "" if self.owner_alive else " (gone)"
-        if self.role is Role.OBSERVER:
+        if self.role is Standing.OBSERVER:
             return (
                 f"{self.owner.describe()}{alive}; this process observes "
                 "(its exit leaves the cluster running)"
@@ -202,7 +204,7 @@ class Ownership:
             return None
 
     # -- becoming owner or observer ------------------------------------------------------------
-    async def settle(self, job_dir: JobDir, *, takeover: bool = False) -> Role:
+    async def settle(self, job_dir: JobDir, *, takeover: bool = False) -> Standing:
         """Owner or observer, as attaching finds the cluster: the owner when no live process
         owns it (or this one does), or with ``takeover``; else an observer."""
         lease, record = await self.read_claims(job_dir)
@@ -227,7 +229,12 @@ class Ownership:
         return self.role
 
     def become_owner(self, term: int) -> None:
-        self.role, self.owner, self.owner_alive, self.taken_over = Role.OWNER, self.me, True, False
+        self.role, self.owner, self.owner_alive, self.taken_over = (
+            Standing.OWNER,
+            self.me,
+            True,
+            False,
+        )
         self.lease.term = term
         self._stop_watching()
         _observing.discard(self)
@@ -250,7 +257,7 @@ class Ownership:
         """Watch the cluster without owning it (named among the record's observers); with
         ``newer``, the claim that displaced this owner, which the record learns too when it
         does not know it (a takeover from a host with another registry)."""
-        self.role, self.owner, self.owner_alive = Role.OBSERVER, owner, True
+        self.role, self.owner, self.owner_alive = Standing.OBSERVER, owner, True
         self.taken_over = newer is not None
 
         def change(record: ClusterRecord | None) -> ClusterRecord | None:
@@ -269,7 +276,7 @@ class Ownership:
         """This process no longer watches the cluster (closed, or exiting)."""
         self._stop_watching()
         self.lease.release()
-        if self.role is Role.OBSERVER:
+        if self.role is Standing.OBSERVER:
             self._set_observer(False)
         _observing.discard(self)
 
@@ -299,7 +306,7 @@ class Ownership:
         displaced_by: list[Claim] = []
 
         def change(current: ClusterRecord | None) -> ClusterRecord | None:
-            if self.role is not Role.OWNER:
+            if self.role is not Standing.OWNER:
                 return _settled(current, fresh)
             newer = self._newer_claim(None, current)
             if newer is not None:
@@ -311,7 +318,7 @@ class Ownership:
             return fresh
 
         written = self.registry.update(
-            self.cluster_id, change, create=create and self.role is Role.OWNER
+            self.cluster_id, change, create=create and self.role is Standing.OWNER
         )
         if displaced_by:  # told once this write (within a status change) is over
             by = displaced_by[0]
@@ -331,7 +338,7 @@ class Ownership:
 
     async def still_owner(self, job_dir: JobDir) -> bool:
         """Before each renewal: no newer owner in the lease or the record (else stand down)."""
-        if self.role is not Role.OWNER:
+        if self.role is not Standing.OWNER:
             return False
         newer = self._newer_claim(*await self.read_claims(job_dir))
         if newer is None:
@@ -341,7 +348,7 @@ class Ownership:
 
     def displaced(self, by: Claim) -> None:
         """Another process took the cluster over: observe it from now on, and say so."""
-        if self.role is not Role.OWNER:
+        if self.role is not Standing.OWNER:
             return
         self.lease.release()
         self.observe(by.process, newer=by)
@@ -362,14 +369,14 @@ class Ownership:
             self._watching = loop.create_task(self._watch_forever(job_dir))
 
     async def _watch_forever(self, job_dir: JobDirOf) -> None:
-        while self.role is Role.OBSERVER:
+        while self.role is Standing.OBSERVER:
             await asyncio.sleep(self.lease.interval)
             try:
                 claim = newest_claim(*await self.read_claims(job_dir()))
             except Exception as exc:  # the watch outlives any one failure
                 log.debug("watching the owner of %s: %s", self.cluster_id, exc)
                 continue
-            if claim is None or self.role is not Role.OBSERVER:
+            if claim is None or self.role is not Standing.OBSERVER:
                 continue
             alive = claim_alive(claim, self.owner_timeout)
             if not claim.process.same_as(self.owner) or alive != self.owner_alive:

@@ -16,7 +16,7 @@ from jupyter_slurm_ray.errors import SlurmError
 from jupyter_slurm_ray.job.script import render_job_script
 from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.slurm.client import SlurmClient
-from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
+from jupyter_slurm_ray.slurm.watch import JobNews, JobWatcher
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport, Transport
 
@@ -141,7 +141,7 @@ async def test_watching_many_jobs_costs_one_squeue_per_poll(testbed, unique_name
     watcher = JobWatcher(SlurmClient(transport), interval=0.5)
     seen: dict[str, JobInfo | None] = {}
 
-    async def remember(job_id: str, answer: Answer) -> None:
+    async def remember(job_id: str, answer: JobNews) -> None:
         assert answer.answered
         seen[job_id] = answer.job
 

@@ -107,7 +107,7 @@ class LeaseWatch:
 
 
 @dataclass
-class Lease:
+class LeaseFile:
     """What the lease file says: when the owner last renewed it (its clock) and how often;
     and when the file was written (the filesystem's clock)."""
 
@@ -117,7 +117,7 @@ class Lease:
     mtime: float | None = None
 
     @classmethod
-    def read(cls, path: Path) -> Lease:
+    def read(cls, path: Path) -> LeaseFile:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as handle:
@@ -181,7 +181,7 @@ def owner_gone(
     if owner_timeout <= 0 or (job_dir / DETACHED_FILE).exists():
         return None
     path = job_dir / LEASE_FILE
-    lease = Lease.read(path)
+    lease = LeaseFile.read(path)
     age = time.time() - lease.t if lease.t is not None else None
     if age is not None and age <= owner_timeout:
         return None
@@ -193,7 +193,7 @@ def owner_gone(
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and not stopped():
         time.sleep(0.25)
-        if Lease.read(path).content != lease.content or (job_dir / DETACHED_FILE).exists():
+        if LeaseFile.read(path).content != lease.content or (job_dir / DETACHED_FILE).exists():
             return None
     if stopped():
         return None
@@ -206,7 +206,7 @@ def owner_gone(
     return gone_fields(last, owner_timeout, age, written, waited=wait)
 
 
-def file_age(job_dir: Path, lease: Lease) -> float | None:
+def file_age(job_dir: Path, lease: LeaseFile) -> float | None:
     """Seconds since the lease file was written, by the filesystem's own clock."""
     now = filesystem_now(job_dir) if lease.mtime is not None else None
     return None if now is None or lease.mtime is None else now - lease.mtime

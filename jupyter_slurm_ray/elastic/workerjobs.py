@@ -39,7 +39,7 @@ from ..job.packs import bootstrap_python
 from ..job.script import render_job_script
 from ..scheduler.interface import Scheduler
 from ..scheduler.records import JobInfo
-from ..slurm.watch import Answer, JobWatcher
+from ..slurm.watch import JobNews, JobWatcher
 from ..spec import ClusterSpec
 from ..states import WorkerJobStatus
 from ..transport import Transport
@@ -58,7 +58,7 @@ def worker_script_name(group: str) -> str:
 
 
 FORGOTTEN_AFTER = 3  # answers in a row without the job: Slurm forgot it (it ended)
-Callback = Callable[[Answer], Awaitable[None]]
+Callback = Callable[[JobNews], Awaitable[None]]
 T = TypeVar("T")
 
 
@@ -213,7 +213,7 @@ class WorkerJobs:
     def _callback(
         self, job_id: str, watcher: JobWatcher, on_change: Callable[[], None]
     ) -> Callback:
-        async def on_answer(answer: Answer) -> None:
+        async def on_answer(answer: JobNews) -> None:
             if not (answer.fresh and answer.answered):
                 return
             misses = 0 if answer.job is not None else self._misses.get(job_id, 0) + 1

@@ -1,6 +1,6 @@
 """A head's answer as the dashboard proxy reads it, and what goes wrong with one.
 
-An :class:`Answer` has its status and end-to-end headers at once and its body as it arrives
+An :class:`HeadAnswer` has its status and end-to-end headers at once and its body as it arrives
 (from ``keepalive.py``'s connections); :class:`HeadGone` and its kinds say why there is no
 proper answer, each one page of the proxy (503, 504, 502). :func:`end_to_end` is the
 hop-by-hop rule, applied to requests and answers alike.
@@ -70,7 +70,7 @@ def end_to_end(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP and n.lower() not in named]
 
 
-class Answer:
+class HeadAnswer:
     """A head's answer: status and end-to-end headers at once, the body as it arrives.
 
     Read the body with :meth:`read` (whole, with a limit) or :meth:`next` (what has arrived);

@@ -7,7 +7,7 @@ stream goes through in bounded memory. The rules of a careful client:
 
 - **limits**: the status line and headers of an answer (bytes and count), how many interim
   (1xx) answers may come first; a body the proxy must hold whole (a page it rewrites) is
-  limited by its caller (``Answer.read``). Broken ones are :class:`BadAnswer` (a 502).
+  limited by its caller (``HeadAnswer.read``). Broken ones are :class:`BadAnswer` (a 502).
 - **timeouts**: connecting (:class:`HeadUnreachable`, a 503) apart from waiting for the answer
   once the request is sent (:class:`HeadSilent`, a 504). A streamed body has no timeout between
   its reads (a log stream may be quiet for hours): the browser going away ends it, and TCP
@@ -41,8 +41,8 @@ import httptools
 
 from ..bootstrap.dashhttp import tls_context
 from .answers import (
-    Answer,
     BadAnswer,
+    HeadAnswer,
     HeadGone,
     HeadSilent,
     HeadUnreachable,
@@ -77,7 +77,7 @@ class _Stop(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One connection to a head, one request at a time; llhttp's callbacks fill an Answer."""
+    """One connection to a head, one request at a time; llhttp's callbacks fill an HeadAnswer."""
 
     def __init__(self, pool: KeepAliveClient, key: tuple[str, int], epoch: int) -> None:
         self.pool = pool
@@ -91,8 +91,8 @@ class _Connection(asyncio.Protocol):
         self.idle_timer: asyncio.TimerHandle | None = None
         self._keep_alive = False
         self._in_flight = False  # a request whose answer has not fully arrived
-        self._answer: Answer | None = None
-        self._headers_ready: asyncio.Future[Answer] | None = None
+        self._answer: HeadAnswer | None = None
+        self._headers_ready: asyncio.Future[HeadAnswer] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._method = ""
         self._reason = ""
@@ -191,7 +191,7 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self._keep_alive = self.parser.should_keep_alive() and self._method != "HEAD"
         reason, ahead = self._reason.strip(), self.limits.read_ahead_bytes
-        self._answer = Answer(status, reason, self._headers, self, ahead)
+        self._answer = HeadAnswer(status, reason, self._headers, self, ahead)
         assert self._headers_ready is not None
         if not self._headers_ready.done():
             self._headers_ready.set_result(self._answer)
@@ -211,7 +211,7 @@ class _Connection(asyncio.Protocol):
             self._message_complete()
 
     # -- the exchange ----------------------------------------------------------------------
-    async def exchange(self, head: bytes, body: bytes | None, method: str) -> Answer:
+    async def exchange(self, head: bytes, body: bytes | None, method: str) -> HeadAnswer:
         """Send a request; the answer once its final headers are in."""
         assert self.transport is not None and not self._in_flight
         loop = asyncio.get_running_loop()
@@ -304,7 +304,7 @@ class KeepAliveClient:
         target: str,
         headers: Iterable[tuple[str, str]],
         body: bytes | None = None,
-    ) -> Answer:
+    ) -> HeadAnswer:
         """Send one request (``target``: path and query) and return its answer once its final
         headers are in; HeadGone (a subclass saying why) if there is none."""
         head = request_head(method, target, host, port, headers, body)

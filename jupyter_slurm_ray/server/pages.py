@@ -28,7 +28,7 @@ from tornado import httputil, web
 from tornado.routing import PathMatches, Rule
 
 from ..errors import DashboardUnavailable, NotFound
-from .answers import Answer, HeadGone
+from .answers import HeadAnswer, HeadGone
 from .backends import DashboardBackend, DashboardBackends
 from .capabilities import (
     CapabilityRedacted,
@@ -78,7 +78,7 @@ class DashboardPageHandler(CapabilityRedacted, web.RequestHandler):
     capability alone (Jupyter's login is neither needed nor used; its ``Host`` check is)."""
 
     backend: DashboardBackend | None = None
-    answer: Answer | None = None  # the head's, while it is relayed
+    answer: HeadAnswer | None = None  # the head's, while it is relayed
 
     def initialize(self, backends: DashboardBackends, capabilities: DashboardCapabilities) -> None:
         self.backends = backends

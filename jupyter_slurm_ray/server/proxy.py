@@ -45,7 +45,7 @@ from tornado import httpclient, httputil, web, websocket
 from ..bootstrap.dashhttp import TOKEN_HEADER, tls_context
 from ..errors import DashboardUnavailable, NotFound, SlurmRayError
 from ..naming import DASHBOARD_ROUTE
-from .answers import Answer, BadAnswer, HeadGone, HeadSilent
+from .answers import BadAnswer, HeadAnswer, HeadGone, HeadSilent
 from .backends import DashboardBackend, DashboardBackends
 from .relay import record_activity, relay
 
@@ -225,7 +225,7 @@ class _DashboardProxy(ProxyHandler):
     """
 
     backend: DashboardBackend | None = None
-    answer: Answer | None = None  # the head's, while it is relayed
+    answer: HeadAnswer | None = None  # the head's, while it is relayed
     cluster_id: str = ""
     proxied_path: str = "/"
 
@@ -258,7 +258,7 @@ class _DashboardProxy(ProxyHandler):
         raise NotImplementedError
 
     def _answer_preflight(self) -> bool:
-        """Answer a CORS preflight here instead of forwarding it (True when answered)."""
+        """HeadAnswer a CORS preflight here instead of forwarding it (True when answered)."""
         return False
 
     def _root(self) -> str:

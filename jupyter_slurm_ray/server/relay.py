@@ -1,7 +1,7 @@
 """A head's answer relayed as the browser's response, the same way on both dashboard routes.
 
 ``pages.py`` (the sandboxed capability route) and ``proxy.py`` (the route behind Jupyter's
-login) send their requests through ``keepalive.py`` and hand the :class:`Answer` here: its
+login) send their requests through ``keepalive.py`` and hand the :class:`HeadAnswer` here: its
 status and end-to-end headers (never ``Set-Cookie``; a header Tornado would refuse dropped; a
 redirect to one of the head's own paths kept under the route), then its body. An HTML page is
 held whole, up to :data:`PAGE_BYTES`, to put the storage shim first in it; anything else is
@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from tornado import httputil, iostream, web
 
-from .answers import Answer, HeadGone
+from .answers import HeadAnswer, HeadGone
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ _HEAD_TAG = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
 
 async def relay(
     handler: web.RequestHandler,
-    answer: Answer,
+    answer: HeadAnswer,
     under_route: Callable[[str], str],
     route_headers: Mapping[str, str] | None = None,
 ) -> None:
@@ -98,7 +98,7 @@ async def relay(
     await _stream(handler, answer, first)
 
 
-async def _stream(handler: web.RequestHandler, answer: Answer, chunk: bytes) -> None:
+async def _stream(handler: web.RequestHandler, answer: HeadAnswer, chunk: bytes) -> None:
     """Write the body as it arrives, each piece sent before the next is read."""
     try:
         while True:

@@ -7,7 +7,7 @@ requires: each cluster sets both from its state (a pending job's first event is 
 ``interval`` while Slurm is asked every few seconds; fast while starting or stopping; every 15 s
 or so once up), and asks for a query at once (``poll_soon``) when its events say something
 changed.
-Every tick gives each subscriber an :class:`Answer`: Slurm's news (``fresh``) or the last
+Every tick gives each subscriber an :class:`JobNews`: Slurm's news (``fresh``) or the last
 ones again, so that it reads its job's events. The watch itself never dies: any failure is
 logged, reported to the subscribers, and the next tick comes as usual.
 """
@@ -33,7 +33,7 @@ EVENTS_TICK = 5.0  # the slowest tick: a steady cluster's events are read this o
 
 
 @dataclass(frozen=True)
-class Answer:
+class JobNews:
     """One tick's news about one job.
 
     ``answered``: Slurm answered; then ``job`` None means it positively does not know the job.
@@ -49,7 +49,7 @@ class Answer:
     fresh: bool = True
 
 
-Callback = Callable[[Answer], Awaitable[None]]
+Callback = Callable[[JobNews], Awaitable[None]]
 Query = Callable[[list[str], float], Awaitable[dict[str, JobInfo]]]  # (job ids, max age)
 
 
@@ -67,7 +67,7 @@ class JobWatcher:
         self._subscribers: dict[str, list[Callback]] = {}
         self._pace: dict[str, float] = {}  # job -> seconds between Slurm queries it needs
         self._tick: dict[str, float] = {}  # job -> seconds between reads of its events
-        self._last: dict[str, Answer] = {}
+        self._last: dict[str, JobNews] = {}
         self._asked_at = float("-inf")
         self._force = True
         self._task: asyncio.Task[None] | None = None
@@ -107,7 +107,7 @@ class JobWatcher:
             self._tick[job_id] = max(self.interval, tick or seconds)
             self._wakeup.set()
 
-    def remember(self, job_id: str, answer: Answer) -> None:
+    def remember(self, job_id: str, answer: JobNews) -> None:
         """A newer answer about ``job_id`` asked for directly (``refresh()``): the ticks
         between two queries repeat it, not the watcher's own older one."""
         if job_id in self._subscribers and answer.answered:
@@ -134,7 +134,7 @@ class JobWatcher:
             answers = {j: replace(self._last[j], fresh=False) for j in job_ids if j in self._last}
         await self._deliver(answers)
 
-    async def _query(self, job_ids: list[str], max_age: float) -> dict[str, Answer]:
+    async def _query(self, job_ids: list[str], max_age: float) -> dict[str, JobNews]:
         self._force = False
         self._asked_at = time.monotonic()
         self.polls += 1
@@ -160,12 +160,12 @@ class JobWatcher:
             log.exception("polling Slurm failed")
             return dict.fromkeys(job_ids, self._silent(f"watching Slurm failed: {exc!r}"))
         self.silent_since = None
-        return {job_id: Answer(infos.get(job_id)) for job_id in job_ids}
+        return {job_id: JobNews(infos.get(job_id)) for job_id in job_ids}
 
-    def _silent(self, error: str) -> Answer:
-        return Answer(None, answered=False, silent_since=self.silent_since, error=error)
+    def _silent(self, error: str) -> JobNews:
+        return JobNews(None, answered=False, silent_since=self.silent_since, error=error)
 
-    async def _deliver(self, answers: dict[str, Answer]) -> None:
+    async def _deliver(self, answers: dict[str, JobNews]) -> None:
         for job_id, answer in answers.items():
             for callback in list(self._subscribers.get(job_id, [])):
                 try:

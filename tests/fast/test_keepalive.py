@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from jupyter_slurm_ray.server.answers import (
-    Answer,
     BadAnswer,
+    HeadAnswer,
     HeadGone,
     HeadSilent,
     HeadUnreachable,
@@ -76,11 +76,11 @@ async def client() -> AsyncIterator[KeepAliveClient]:
     await client.close()
 
 
-async def whole(answer: Answer) -> bytes:
+async def whole(answer: HeadAnswer) -> bytes:
     return await answer.read(2**30)
 
 
-async def get(client: KeepAliveClient, port: int, path: str, **kwargs) -> Answer:
+async def get(client: KeepAliveClient, port: int, path: str, **kwargs) -> HeadAnswer:
     return await client.request(HOST, port, "GET", path, kwargs.pop("headers", []), **kwargs)
 
 

@@ -13,7 +13,7 @@ from jupyter_slurm_ray.errors import SlurmError, SlurmUnavailable, SpecError
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.queuecache import SharedQueue
-from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
+from jupyter_slurm_ray.slurm.watch import JobNews, JobWatcher
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 
@@ -152,10 +152,10 @@ def test_hostile_input_never_reaches_slurm(transport, field, value):
 async def test_watching_many_jobs_costs_one_squeue_per_poll(slurm, client):
     job_ids = [add(slurm, str(100 + i)).job_id for i in range(5)]
     watcher = JobWatcher(client, interval=0.02)
-    seen: dict[str, Answer] = {}
+    seen: dict[str, JobNews] = {}
 
     def remember(job_id: str):
-        async def callback(answer: Answer) -> None:
+        async def callback(answer: JobNews) -> None:
             seen[job_id] = answer
 
         return callback

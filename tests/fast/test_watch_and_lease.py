@@ -10,7 +10,7 @@ from jupyter_slurm_ray.follow import JobFollower
 from jupyter_slurm_ray.lease import Lease, renew_interval
 from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.slurm.client import SlurmClient
-from jupyter_slurm_ray.slurm.watch import Answer, JobWatcher
+from jupyter_slurm_ray.slurm.watch import JobNews, JobWatcher
 
 from ..helpers.waiting import until
 
@@ -29,9 +29,9 @@ class BrokenSlurm(SlurmClient):
 
 
 async def test_the_watcher_survives_bugs_and_broken_subscribers_and_reports_them():
-    answers: list[Answer] = []
+    answers: list[JobNews] = []
 
-    async def subscriber(answer: Answer) -> None:
+    async def subscriber(answer: JobNews) -> None:
         answers.append(answer)
         raise RuntimeError("a broken observer")
 
