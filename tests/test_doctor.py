@@ -235,6 +235,10 @@ def test_the_text_output_is_a_checklist(site_env):
     passed = sum(line.startswith("✓ ") for line in lines)
     slow = sum(line.startswith("! Ray on the node") and "(slow: " in line for line in lines)
     assert passed + slow == 10, done.stdout  # with "submit" (sbatch is here); slow: a busy node
+    # the job dirs are alice's (command_prefix), this process is root's: auto means Ray Client
+    driver = next(line for line in lines if "The nodes reach this kernel" in line)
+    assert driver.startswith("– ") and "auto connects with Ray Client from here" in driver
+    assert "another user (command_prefix)" in done.stdout
     protections = next(line for line in lines if "Protections against other users" in line)
     assert protections.startswith("✓ ") and "TLS: Ray's channels" in protections
     assert re.search(r"\(OpenSSL \d+\.\d+\.\d+ on the node\)", protections), protections

@@ -24,6 +24,7 @@ from ..client.connect import local_versions
 from ..client.mode import (
     KernelPlace,
     allowed_driver_hosts,
+    driver_precheck,
     driver_reach_plan,
     driver_reach_verdict,
     remote_target,
@@ -54,6 +55,17 @@ _MAKE_ROOT = 'umask 077; mkdir -p -- "$1"'  # as JobDir.create makes it
 SLOW_IMPORT_SECONDS = 5.0  # `import ray` slower than this on a node gets a warning
 
 
+async def _driver_refused(spec: ClusterSpec, transport: Transport, root: str) -> str | None:
+    """Why a cluster's job dir under ``root`` rules driver mode out from this process (the
+    check ``up`` makes before submitting), in the driver line's words; None: it does not."""
+    obstacle = await driver_precheck(transport, root)
+    if obstacle is None:
+        return None
+    if spec.connect == "auto":
+        return f"auto connects with Ray Client from here: {obstacle}"
+    return f"connect = driver is refused here: {obstacle}"
+
+
 async def run_doctor(
     spec: ClusterSpec,
     transport: Transport,
@@ -82,6 +94,8 @@ async def run_doctor(
     else:
         add(Check("request", _TITLES["request"], "skip", "not checked: Slurm did not answer"))
     site = await _probe_root(spec, transport) if ssh_ok else None
+    if not_driver is None and isinstance(site, Site):  # what up asks before submitting
+        not_driver = await _driver_refused(spec, transport, site.job_dir_root)
     python_argv, python_said, login_verdict = _cluster_python(spec, transport, site)
     node = NodeReport(not_started="Slurm did not answer")
     if slurm_ok and isinstance(site, Site):
