@@ -42,7 +42,7 @@ class JobInfo:
     time_limit: int | None = None
     name: str = ""
     exit_code: int | None = None
-    source: str = ""  # what answered (Slurm's: squeue, sacct, scontrol; local; here)
+    source: str = ""  # what answered (the scheduler's own word for it)
     comment: str = ""
 
     @property
