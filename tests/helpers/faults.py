@@ -20,6 +20,8 @@ from .paths import ARTIFACTS
 from .waiting import wait_for
 
 RUN = Path("/run/jsr-testbed")
+#: slurmctld's saved job state (StateSaveLocation in scripts/testbed's slurm.conf)
+JOB_STATE = Path("/var/spool/jsr-testbed/ctld/job_state")
 DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -46,7 +48,17 @@ def controller_paused() -> Iterator[int]:
 
 def restart_controller(down_for: float, while_down: Callable[[], object] | None = None) -> None:
     """Kill slurmctld (SIGKILL: no goodbye), wait (calling ``while_down`` once meanwhile),
-    start it again from its saved state."""
+    start it again from its saved state.
+
+    Only once it has saved its job state since the jobs it runs started: killed before its
+    first save (a freshly started testbed), it came back knowing no job and gave the next one
+    the running job's id, and its node drained with "Duplicate jobid" (seen on 24.11)."""
+    started = _newest_job_start()
+    wait_for(
+        lambda: JOB_STATE.exists() and JOB_STATE.stat().st_mtime > started,
+        60,
+        "slurmctld to save the state of the running jobs",
+    )
     pid = daemon_pid("slurmctld")
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "slurmctld to die", step=0.1)
@@ -59,6 +71,15 @@ def restart_controller(down_for: float, while_down: Callable[[], object] | None 
     # saved at each change and is read all the same
     subprocess.run(["slurmctld", "-i"], env=DAEMON_ENV, cwd="/", check=True, timeout=30)
     wait_for(slurm_answers, 60, "the restarted slurmctld to answer", step=1)
+
+
+def _newest_job_start() -> float:
+    """When the newest of the running jobs started (epoch seconds; 0 when none runs)."""
+    shown = subprocess.run(
+        ["squeue", "-h", "-t", "running", "-o", "%S"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
+    starts = [time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")) for text in shown]
+    return max(starts, default=0.0)
 
 
 @contextlib.contextmanager
