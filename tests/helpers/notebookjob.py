@@ -79,18 +79,27 @@ class NotebookJob:
         self.named |= {str(event["job_id"]) for event in found if event.get("job_id")}
         return found
 
+    where = "the notebook job"  # the kernel's place, in the tests' messages
+
+    def running(self) -> bool:
+        return in_queue(self.job_id)
+
+    def output(self) -> Path:
+        """Where the program's own output goes."""
+        return self.work / "notebook.out"
+
     def event(self, name: str) -> dict[str, Any] | None:
-        """The program's ``name`` line; AssertionError at its ``error`` line, or once its job
+        """The program's ``name`` line; AssertionError at its ``error`` line, or once it
         ended without it."""
         events = self.events()
         for event in events:
             if event["event"] == "error":
-                raise AssertionError(f"the kernel in the notebook job failed:\n{event['error']}")
+                raise AssertionError(f"the kernel in {self.where} failed:\n{event['error']}")
         found = next((event for event in events if event["event"] == name), None)
-        if found is None and not in_queue(self.job_id):
-            out = self.work / "notebook.out"
-            text = out.read_text() if out.exists() else ""
-            raise AssertionError(f"the notebook job ended before {name!r}:\n{text[-3000:]}")
+        if found is None and not self.running():
+            out = self.output()
+            text = out.read_text(errors="replace") if out.exists() else ""
+            raise AssertionError(f"{self.where} ended before {name!r}:\n{text[-3000:]}")
         return found
 
     def wait(self, name: str, timeout: float) -> dict[str, Any]:
@@ -120,24 +129,17 @@ class LoginKernel(NotebookJob):
             *runuser(USER), "env", "-i", *login, f"PYTHONPATH={REPO}", "LANG=C.UTF-8",
             str(VENV_PYTHON), str(REPO / "tests" / "resources" / program), str(kernel.work), *args,
         ]  # fmt: skip
-        with open(kernel.work.with_name(kernel.work.name + ".out"), "wb") as out:
+        with open(kernel.output(), "wb") as out:
             kernel.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         return kernel
+
+    where = "the login node's process"
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def event(self, name: str) -> dict[str, Any] | None:
-        events = self.events()
-        for event in events:
-            if event["event"] == "error":
-                raise AssertionError(f"the login node's kernel failed:\n{event['error']}")
-        found = next((event for event in events if event["event"] == name), None)
-        if found is None and not self.running():
-            out = self.work.with_name(self.work.name + ".out")
-            text = out.read_text(errors="replace") if out.exists() else ""
-            raise AssertionError(f"the login node's kernel ended before {name!r}:\n{text[-3000:]}")
-        return found
+    def output(self) -> Path:
+        return self.work.with_name(self.work.name + ".out")  # beside its work dir
 
     def clean_up(self) -> None:
         """Stop the kernel (it takes its cluster down), cancel what it named, remove its files."""
@@ -151,5 +153,4 @@ class LoginKernel(NotebookJob):
         self.events()
         if self.named:
             subprocess.run(["scancel", *sorted(self.named)], check=False, capture_output=True)
-        out = self.work.with_name(self.work.name + ".out")
-        subprocess.run(["rm", "-rf", "--", str(self.work), str(out)], check=False)
+        subprocess.run(["rm", "-rf", "--", str(self.work), str(self.output())], check=False)
