@@ -52,10 +52,12 @@ def restart_controller(down_for: float, while_down: Callable[[], object] | None 
 
     Only once it has saved its job state since the jobs it runs started: killed before its
     first save (a freshly started testbed), it came back knowing no job and gave the next one
-    the running job's id, and its node drained with "Duplicate jobid" (seen on 24.11)."""
+    the running job's id, and its node drained with "Duplicate jobid" (seen on 24.11). Saved
+    in the second the job started is not enough: that save may still show it pending (seen on
+    26.05: "Registered PENDING JobId=1 StepId=1.batch", then the same drain)."""
     started = _newest_job_start()
     wait_for(
-        lambda: JOB_STATE.exists() and JOB_STATE.stat().st_mtime > started,
+        lambda: JOB_STATE.exists() and JOB_STATE.stat().st_mtime >= started + 1,
         60,
         "slurmctld to save the state of the running jobs",
     )
