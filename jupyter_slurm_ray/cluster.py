@@ -52,10 +52,11 @@ from .owner import ProcessIdentity
 from .ownership import Ownership, Standing
 from .registry import ClusterRecord, Registry
 from .scheduler.interface import Scheduler
+from .scheduler.kinds import kind_for_mode
 from .scheduler.records import JobInfo
 from .slurm.hereplan import head_step, plan_here, planned_spec
 from .slurm.heresteps import HereSteps
-from .slurm.schedulers import scheduler_for_mode, watcher_for
+from .slurm.schedulers import watcher_for
 from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
 from .slurm.walltime import Extension, extend_walltime
 from .slurm.watch import JobNews
@@ -116,11 +117,11 @@ class SlurmRayCluster:
         self.adapt_defaults: AdaptDefaults = adapt_defaults or config_adapt_defaults
         self.transport = transport or LocalTransport()
         self.target = self.transport.target  # what the record names: where it runs, and how
-        if spec.mode == "local":  # processes of this machine instead of a Slurm job
+        kind = kind_for_mode(spec.mode)  # Slurm's sbatch, local mode's processes, --here steps
+        if kind.on_this_machine:  # whatever the transport, the jobs run where this kernel does
             self.transport = self.transport.for_local_mode()
             self.target = local_mode_target(self.transport.target)
-        # sbatch, processes of this machine (local), or steps of this kernel's allocation (here)
-        self.slurm: Scheduler = scheduler_for_mode(spec.mode, self.transport)
+        self.slurm: Scheduler = kind.create(self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected

@@ -31,6 +31,7 @@ from ..errors import Conflict, SlurmRayError, SpecError
 from ..job.directory import JobDir
 from ..registry import ClusterRecord
 from ..scheduler.interface import Scheduler
+from ..scheduler.kinds import kind_for_mode
 from ..slurm.schedulers import watcher_for
 from ..states import Status
 from .adapt import INTERVAL, Adapter, checked_or_default, recent_decisions
@@ -146,11 +147,9 @@ class Elastic:
             raise SpecError("group", group, f"a worker group of this cluster: {known}")
         least = spec.nodes if group == DEFAULT_GROUP else 0
         count = checked_node_count(nodes, least)
-        if spec.mode == "local" and count != least:
-            raise SpecError("nodes", nodes, "1 in local mode (scaling adds Slurm worker jobs)")
-        if spec.mode == "here" and count != least:
-            allowed = f"{least}: a --here cluster has its allocation's nodes (here_nodes)"
-            raise SpecError("nodes", nodes, allowed)
+        fixed = kind_for_mode(spec.mode).fixed_size(least)
+        if fixed is not None and count != least:
+            raise SpecError("nodes", nodes, fixed)
         if status.state.is_final or not (status.state.is_up or self.host.head_ready):
             raise SlurmRayError(
                 f"cluster {spec.name} is {status_text(status)}: scale it once it is up"

@@ -25,8 +25,8 @@ from ..bootstrap.jsr_wire import PACK_VARIABLE
 from ..errors import SlurmRayError
 from ..naming import is_cluster_id
 from ..registry import ClusterRecord
-from ..slurm.client import SlurmClient
-from ..slurm.localjobs import LocalJobs, is_local_job_id
+from ..scheduler.interface import Scheduler
+from ..scheduler.kinds import DEFAULT_MODE, kind_for_mode, kind_of
 from ..transport import Transport
 from .packs import PACKS_DIR
 
@@ -122,13 +122,13 @@ class Listing:
 
 @dataclass(frozen=True)
 class Activity:
-    """What the schedulers said of a root's jobs: the active job ids among those asked, and
-    the cluster ids with an active tagged job (None: Slurm could not be asked)."""
+    """What the schedulers said of a root's jobs: the active job ids among those asked, the
+    cluster ids with an active tagged job (None: Slurm could not be asked), and the kinds of
+    scheduler (their modes) that answered."""
 
     job_ids: frozenset[str] = frozenset()
     clusters: frozenset[str] | None = None
-    slurm_answered: bool = False
-    local_answered: bool = False
+    answered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -233,10 +233,8 @@ def _judge(
         return None, f"ended or untouched for {_days(idle)} only"
     if record is not None:
         return f"{record.state} {_days(idle)} ago, by its record", ""
-    numeric = [j for j in seen.job_ids if not is_local_job_id(j)]
-    local = [j for j in seen.job_ids if is_local_job_id(j)]
-    asked = (not numeric or activity.slurm_answered) and (not local or activity.local_answered)
-    if not asked or (not seen.job_ids and activity.clusters is None):
+    unanswered = {kind_of(j).mode for j in seen.job_ids} - activity.answered
+    if unanswered or (not seen.job_ids and activity.clusters is None):
         return None, "no record, and Slurm could not be asked whether it still runs"
     return f"no record; Slurm shows no active job of it; untouched for {_days(idle)}", ""
 
@@ -297,24 +295,28 @@ async def list_root(transport: Transport, root: str) -> Listing:
 
 
 async def activity(transport: Transport, listing: Listing) -> Activity:
-    """Ask Slurm (and local mode's runner files) which of the listed jobs are active."""
-    ids = {j for d in listing.dirs for j in d.job_ids}
-    numeric = sorted(j for j in ids if re.fullmatch(r"\d+(_\d+)?", j))
-    local = sorted(j for j in ids if is_local_job_id(j))
+    """Ask each kind of scheduler which of the listed jobs of its own are active, and Slurm
+    which clusters have an active tagged job."""
+    slurm = kind_for_mode(DEFAULT_MODE)
+    asked: dict[type[Scheduler], list[str]] = {slurm: []}  # Slurm's tags are asked anyway
+    for job_id in sorted({j for d in listing.dirs for j in d.job_ids}):
+        kind = kind_of(job_id)
+        if kind.owns(job_id):
+            asked.setdefault(kind, []).append(job_id)
     active: set[str] = set()
     clusters: frozenset[str] | None = None
-    slurm_answered = local_answered = False
-    slurm = SlurmClient(transport)
-    with contextlib.suppress(SlurmRayError):
-        tagged = {**await slurm.tagged_jobs(), **await slurm.tagged_worker_jobs()}
-        infos = await slurm.query(numeric)
-        active |= {j for j, info in infos.items() if not info.is_final}
-        clusters, slurm_answered = frozenset(tagged.values()), True
-    with contextlib.suppress(SlurmRayError):
-        infos = await LocalJobs(transport).query(local)
-        active |= {j for j, info in infos.items() if not info.is_final}
-        local_answered = True
-    return Activity(frozenset(active), clusters, slurm_answered, local_answered)
+    answered: set[str] = set()
+    for kind, job_ids in asked.items():
+        scheduler = kind.create(transport)
+        with contextlib.suppress(SlurmRayError):
+            if kind is slurm:
+                tagged = {**await scheduler.tagged_jobs(), **await scheduler.tagged_worker_jobs()}
+            infos = await scheduler.query(job_ids)
+            active |= {j for j, info in infos.items() if not info.is_final}
+            if kind is slurm:
+                clusters = frozenset(tagged.values())
+            answered.add(kind.mode)
+    return Activity(frozenset(active), clusters, frozenset(answered))
 
 
 async def plan(

@@ -21,6 +21,7 @@ from ..errors import (
     TransportError,
 )
 from ..scheduler.interface import Scheduler
+from ..scheduler.kinds import kind_for_mode
 from ..spec import ClusterSpec
 from ..transport import Transport
 from . import packs
@@ -41,9 +42,8 @@ async def prepare(
     environment is packed on this side first if neither side has the archive yet."""
     site = await probe_site(transport, spec.job_dir_root, spec.export_env)
     directory = JobDir(transport, job_dir or f"{site.job_dir_root.rstrip('/')}/{cluster_id}")
-    command = directory.bootstrap_command(
-        packs.bootstrap_python(spec), local_mode=spec.mode == "local"
-    )
+    on_this_machine = kind_for_mode(spec.mode).on_this_machine
+    command = directory.bootstrap_command(packs.bootstrap_python(spec), local_mode=on_this_machine)
     if spec.environment == "pack":  # named by what is installed, with its content's hash
         env = packs.describe_environment()  # (packed here if missing; shipped by submit())
         pack = await packs.prepare_pack(transport, env, site.job_dir_root)

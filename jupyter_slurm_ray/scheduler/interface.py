@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..errors import ExtendRefused, SlurmError, SlurmUnavailable
 from ..transport import Transport
@@ -35,6 +35,39 @@ class Scheduler(ABC):
     source: ClassVar[str]
     #: the system in a sentence's words ("Slurm", "local mode", "--here")
     system: ClassVar[str]
+    #: the ``ClusterSpec.mode`` that picks it for a new cluster (its entry point's name,
+    #: ``scheduler/kinds.py``)
+    mode: ClassVar[str]
+    #: the modes whose jobs it answers for as well (a --here cluster's knows Slurm's jobs: its
+    #: worker jobs, its allocation), in the same command
+    also_answers: ClassVar[frozenset[str]] = frozenset()
+    #: its jobs are processes of the machine that starts them (local mode): they run where the
+    #: kernel does whatever transport is configured, and share its environment as it is
+    on_this_machine: ClassVar[bool] = False
+
+    @classmethod
+    def owns(cls, job_id: str) -> bool:
+        """Whether ``job_id`` has the form of this system's job ids."""
+        return False
+
+    @classmethod
+    def create(
+        cls, transport: Transport, *, timeout: float = 30.0, shared: Any = None
+    ) -> Scheduler:
+        """A scheduler of this kind on ``transport``. ``shared``: the user's queue shared with
+        their other processes on this host, for the kinds that read one."""
+        return cls(transport, timeout=timeout)
+
+    @classmethod
+    def fixed_size(cls, least: int) -> str | None:
+        """What a cluster of this kind may be scaled to, in words, when only ``least`` nodes
+        (its own): None when worker jobs can be added."""
+        return None
+
+    @classmethod
+    def no_usage(cls, job_ids: Sequence[str]) -> str:
+        """Why the system's accounting has no usage for these jobs of a cluster ("": it has)."""
+        return ""
 
     def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
         self.transport = transport

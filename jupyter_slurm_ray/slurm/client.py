@@ -15,7 +15,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
 from ..naming import cluster_id_of_comment, cluster_id_of_worker_comment
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["LOCAL_MODE_HINT", "SlurmClient", "with_local_mode_hint"]
+
+#: a Slurm job's id: a number, or an array task's (``123_4``)
+SLURM_JOB_ID = re.compile(r"\d+(_\d+)?", re.ASCII)
 
 #: what to do where no Slurm answers at all
 LOCAL_MODE_HINT = (
@@ -79,12 +82,23 @@ class SlurmClient(Scheduler):
 
     source = "squeue"
     system = "Slurm"
+    mode = "slurm"
 
     def __init__(
         self, transport: Transport, *, timeout: float = 30.0, shared: SharedQueue | None = None
     ) -> None:
         super().__init__(transport, timeout=timeout)
         self.shared = shared  # the user's queue, shared with their other processes on this host
+
+    @classmethod
+    def owns(cls, job_id: str) -> bool:
+        return SLURM_JOB_ID.fullmatch(job_id) is not None
+
+    @classmethod
+    def create(
+        cls, transport: Transport, *, timeout: float = 30.0, shared: Any = None
+    ) -> SlurmClient:
+        return cls(transport, timeout=timeout, shared=shared)
 
     async def answer(self, argv: Sequence[str], *, timeout: float | None = None) -> SlurmAnswer:
         """Run a Slurm command; SlurmUnavailable when it gives no answer at all."""
@@ -384,7 +398,7 @@ def _first_line(text: str) -> str:
 
 def _job_id(job_id: str | int) -> str:
     text = str(job_id).strip()
-    if not re.fullmatch(r"\d+(_\d+)?", text):
+    if not SLURM_JOB_ID.fullmatch(text):
         raise SlurmError(f"not a Slurm job id: {job_id!r} (expected digits, e.g. 1234)")
     return text
 

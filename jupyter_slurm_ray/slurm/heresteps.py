@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
@@ -252,6 +252,29 @@ class HereSteps(Scheduler):
 
     source = "here"
     system = "--here"
+    mode = "here"
+    also_answers = frozenset({"slurm"})
+
+    @classmethod
+    def owns(cls, job_id: str) -> bool:
+        return is_here_job_id(job_id)
+
+    @classmethod
+    def create(
+        cls, transport: Transport, *, timeout: float = 30.0, shared: Any = None
+    ) -> HereSteps:
+        return cls(transport, timeout=timeout, shared=shared)
+
+    @classmethod
+    def fixed_size(cls, least: int) -> str | None:
+        return f"{least}: a --here cluster has its allocation's nodes (here_nodes)"
+
+    @classmethod
+    def no_usage(cls, job_ids: Sequence[str]) -> str:
+        here = next((job for job in job_ids if is_here_job_id(job)), None)
+        if here is None:
+            return ""
+        return f"a --here cluster's steps count as allocation {allocation_of(here)}'s usage"
 
     def __init__(
         self,

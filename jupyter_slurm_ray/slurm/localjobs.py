@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
@@ -190,6 +190,20 @@ class LocalJobs(Scheduler):
 
     source = "local"
     system = "local mode"
+    mode = "local"
+    on_this_machine = True
+
+    @classmethod
+    def owns(cls, job_id: str) -> bool:
+        return is_local_job_id(job_id)
+
+    @classmethod
+    def fixed_size(cls, least: int) -> str | None:
+        return "1 in local mode (scaling adds Slurm worker jobs)"
+
+    @classmethod
+    def no_usage(cls, job_ids: Sequence[str]) -> str:
+        return "local mode has no Slurm accounting"
 
     async def _sh(self, program: str, *args: str, timeout: float | None = None) -> str:
         self.commands_run += 1

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SlurmError, TransportError
-from ..naming import allocation_of, is_here_job_id
+from ..scheduler.kinds import no_usage
 from ..scheduler.records import FINAL_STATES, UsageRow
 from ..transport import Transport
 from .client import SlurmClient
 from .formats import tres_amount
-from .localjobs import is_local_job_id
 
 __all__ = ["Usage", "cached_usage", "fetch_usage", "fetch_usages", "usage_of_rows"]
 
@@ -168,13 +167,11 @@ async def fetch_usages(
         for key in dict.fromkeys(wanted)
         if key and not ((entry := known.get(key)) and (entry[1].final or now - entry[0] < max_age))
     ]
-    for key in [key for key in stale if any(is_local_job_id(job) for job in key)]:
-        known[key] = (now, Usage(key, unavailable="local mode has no Slurm accounting"))
-        stale.remove(key)
-    for key in [key for key in stale if any(is_here_job_id(job) for job in key)]:
-        why = f"a --here cluster's steps count as allocation {allocation_of(key[0])}'s usage"
-        known[key] = (now, Usage(key, unavailable=why))
-        stale.remove(key)
+    for key in list(stale):
+        why = no_usage(key)  # asked of each job's kind: local mode's, --here steps
+        if why:
+            known[key] = (now, Usage(key, unavailable=why))
+            stale.remove(key)
     if stale:
         jobs = sorted({j for key in stale for j in key})
         try:

@@ -158,7 +158,7 @@ def test_a_dir_of_another_user_or_not_a_cluster_is_never_judged() -> None:
         "garbage line\n",
     )
     assert [d.name for d in listing.dirs] == ["mine-0001", "theirs-0002", "Not A Cluster"]
-    said = retention.Activity(clusters=frozenset(), slurm_answered=True, local_answered=True)
+    said = retention.Activity(clusters=frozenset(), answered=frozenset({"slurm", "local"}))
     removals, kept, _ = retention.ended_job_dirs(listing, [], said, now=1e9, retention=DAY)
     assert [r.name for r in removals] == ["mine-0001"] and kept == []
     assert retention.unused_packs(listing, set(), now=1e9, retention=DAY) == []  # bob's

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.errors import ExtendRefused, SlurmError, SlurmUnavailable
+from jupyter_slurm_ray.scheduler import kinds
 from jupyter_slurm_ray.scheduler.interface import Scheduler
 from jupyter_slurm_ray.scheduler.records import JobInfo, Partition
 from jupyter_slurm_ray.slurm.client import SlurmClient
@@ -89,7 +90,9 @@ BENCHES: dict[str, Callable[[], Bench]] = {
 async def bench(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # local mode's runner keeps state there
     made = BENCHES[request.param]()
+    kinds.register(ToyScheduler)  # as its entry point would
     yield made
+    kinds.unregister(ToyScheduler.mode)
     answers = await made.scheduler.query(made.submitted)  # no job of a test left running
     for job_id in [job for job, info in answers.items() if not info.is_final]:
         await made.scheduler.cancel(job_id)
@@ -120,6 +123,15 @@ async def test_submit_gives_the_id_the_scheduler_then_answers_for(bench: Bench, 
     assert info.job_id == job_id and info.state in ("PENDING", "RUNNING"), info
     bench.start(job_id)
     assert (await bench.scheduler.query([job_id]))[job_id].state == "RUNNING"
+
+
+async def test_the_id_it_gives_names_its_kind(bench: Bench, tmp_path):
+    """The package finds a job's scheduler by its id alone (``scheduler/kinds.py``)."""
+    job_id, _ = await submitted(bench, tmp_path)
+    kind, mine = kinds.kind_of(job_id), type(bench.scheduler)
+    assert kind is mine or kind.mode in mine.also_answers, (job_id, kind)
+    assert kind.owns(job_id) and not kind.owns(bench.unknown_id + "x")
+    bench.finish(job_id, tmp_path / "job", 0)
 
 
 @pytest.mark.parametrize(("status", "state"), [(0, "COMPLETED"), (3, "FAILED")])

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 from jupyter_slurm_ray.errors import SlurmError
 from jupyter_slurm_ray.scheduler.interface import Scheduler
@@ -22,12 +23,19 @@ _CHDIR = re.compile(r"^#SBATCH --chdir=(\S+)", re.M)
 class ToyScheduler(Scheduler):
     source = "toy"
     system = "the toy scheduler"
+    mode = "toy"  # what scheduler/kinds.register (or an entry point) registers it as
+
+    # the system's state, as a real one keeps it: every instance sees the same jobs
+    _jobs: ClassVar[dict[str, asyncio.subprocess.Process]] = {}
+    _cancelled: ClassVar[set[str]] = set()
+    _ids: ClassVar[Iterator[int]] = itertools.count(1)
 
     def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
         super().__init__(transport, timeout=timeout)
-        self._jobs: dict[str, asyncio.subprocess.Process] = {}
-        self._cancelled: set[str] = set()
-        self._ids = itertools.count(1)
+
+    @classmethod
+    def owns(cls, job_id: str) -> bool:
+        return re.fullmatch(r"toy-[0-9]+", job_id) is not None
 
     async def submit(self, script: str, *, timeout: float = 60.0) -> str:
         chdir = _CHDIR.search(script)
