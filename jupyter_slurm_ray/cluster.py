@@ -779,6 +779,7 @@ class SlurmRayCluster:
             forwards=self._client.open_forwards(),
             detached=self._detached,
             worker_jobs=self.workers.to_record(),
+            adapting=self.elastic.adapting_settings(),
             spec=s.to_dict(),
             created_at=self.created_at,
         )

@@ -93,6 +93,9 @@ class ClusterRecord:
     worker_jobs: list[dict[str, Any]] = field(default_factory=list)
     # the last scaling decisions with their cause (adapt's settings first while it runs)
     scaling: list[str] = field(default_factory=list)
+    # adapt's settings while the owner adapts (AdaptSettings.to_dict: minimum, maximum,
+    # idle_timeout, max_pending, group), None otherwise: what other processes read
+    adapting: dict[str, Any] | None = None
     # how the connected kernel connects ("driver" or "client") and why (client/mode.py)
     connect_mode: str | None = None
     connect_reason: str | None = None
@@ -200,6 +203,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "detached": (bool,),
     "worker_jobs": (list,),
     "scaling": (list,),
+    "adapting": (dict, type(None)),
     "connect_mode": _OPTIONAL_STR,
     "connect_reason": _OPTIONAL_STR,
     "spec": (dict,),

@@ -22,9 +22,9 @@ Nothing here asks Slurm or Ray: ``elastic/adapt.py`` reads Ray's autoscaler stat
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..errors import SpecError
 from ..slurm.queueinfo import explain_reason
@@ -45,21 +45,34 @@ class AdaptSettings:
     group: str = DEFAULT_GROUP
 
     def describe(self) -> str:
-        """The status' first scaling line while adapting (read back by :meth:`from_line`)."""
+        """The status' first scaling line while adapting (words only: the record keeps
+        :meth:`to_dict`)."""
         return (
             f"adapting {self.minimum}-{self.maximum} nodes (idle {self.idle_timeout:g} s, "
             f"at most {self.max_pending} pending)"
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as the cluster's record keeps them (``adapting``)."""
+        return asdict(self)
+
     @classmethod
-    def from_line(cls, line: str) -> AdaptSettings | None:
-        """The settings a :meth:`describe` line shows (a record's first scaling line, read by
-        another process), else None."""
-        found = _DESCRIBED.fullmatch(line)
-        if found is None:
+    def from_dict(cls, data: Mapping[str, Any] | None) -> AdaptSettings | None:
+        """The settings a record (or an adapt request) keeps; None when there are none or
+        they are not settings (a record is read by other processes, of other versions)."""
+        if not isinstance(data, Mapping):
             return None
-        low, high, idle, pending = found.groups()
-        return cls(int(low), int(high), float(idle), int(pending))
+        try:
+            return checked_settings(
+                data.get("minimum"),
+                data.get("maximum"),
+                data.get("idle_timeout", ADAPT_DEFAULTS["idle_timeout"]),
+                data.get("max_pending", ADAPT_DEFAULTS["max_pending"]),
+                data.get("group"),
+                1,
+            )
+        except SpecError:
+            return None
 
     def refuses_scale(self, name: str) -> str:
         """Why ``scale`` is refused while adapting (the default group), and what to do."""
@@ -67,9 +80,6 @@ class AdaptSettings:
             f"{name} is adapting between {self.minimum} and {self.maximum} nodes: change that "
             "with `adapt --minimum N --maximum N`, or stop adapting with `adapt --off` first"
         )
-
-
-_DESCRIBED = re.compile(r"adapting (\d+)-(\d+) nodes \(idle ([0-9.e+]+) s, at most (\d+) pending\)")
 
 
 def _whole(name: str, value: object, least: int) -> int:

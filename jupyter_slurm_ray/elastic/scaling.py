@@ -387,6 +387,11 @@ class Elastic:
         adapter = self._adapter
         return adapter if adapter is not None and adapter.running else None
 
+    def adapting_settings(self) -> dict[str, Any] | None:
+        """What the record keeps of adapt while it runs (``AdaptSettings.to_dict``)."""
+        adapter = self.adapting
+        return adapter.settings.to_dict() if adapter is not None else None
+
     def scaling_lines(self) -> tuple[str, ...]:
         """What the status shows of scaling: adapt's lines while it runs, else the last
         scaling decisions (scale, rotation) told in the events, with their cause; then the
@@ -402,10 +407,9 @@ class Elastic:
 
 async def recorded_adapting(record: ClusterRecord, job_dir: JobDir) -> AdaptSettings | None:
     """Whether a cluster's owner adapts, as another process can tell: the settings its record
-    shows (its first scaling line while adapting), changed by the adapt requests made after
-    the record was written (its owner applies them in order, before a request made now)."""
-    first = record.scaling[0] if record.scaling else ""
-    settings = AdaptSettings.from_line(first)
+    keeps (``adapting``), changed by the adapt requests made after the record was written (its
+    owner applies them in order, before a request made now)."""
+    settings = AdaptSettings.from_dict(record.adapting)
     try:
         events = await job_dir.recent_events(200)
     except SlurmRayError:
@@ -413,9 +417,6 @@ async def recorded_adapting(record: ClusterRecord, job_dir: JobDir) -> AdaptSett
     for event in events:
         if not made_after(event, Event.ADAPT_REQUEST, record.updated_at):
             continue
-        low, high = event.get("minimum"), event.get("maximum")
-        if event.get("off") is True:
-            settings = None
-        elif isinstance(low, int) and isinstance(high, int):
-            settings = AdaptSettings(low, high)
+        off = event.get("off") is True
+        settings = None if off else AdaptSettings.from_dict(event) or settings
     return settings

@@ -15,6 +15,7 @@ from jupyter_slurm_ray.config import SlurmRay
 from jupyter_slurm_ray.elastic.adapt import Adapter
 from jupyter_slurm_ray.elastic.policy import AdaptSettings
 from jupyter_slurm_ray.elastic.raydemand import RayView, Shape
+from jupyter_slurm_ray.elastic.scaling import recorded_adapting
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.session import Session
@@ -300,6 +301,32 @@ async def test_the_owner_applies_an_adapt_request(make_cluster, slurm, transport
     await until(lambda: cluster.adapting is None, 5, "the owner no longer adapting")
 
 
+async def test_another_process_reads_every_adapt_setting_as_data(make_cluster, slurm, transport):
+    """What the owner adapts with reaches other processes whole: its record keeps the settings
+    as data, and a request made after the record was written counts with all of its own."""
+    cluster = make_cluster()
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 5, "READY")
+    await cluster.adapt_async(1, 3, idle_timeout=25, max_pending=2)
+    wanted = AdaptSettings(1, 3, 25.0, 2)
+
+    def recorded() -> dict | None:
+        return cluster.registry.load(cluster.id).adapting
+
+    await until(lambda: recorded() == wanted.to_dict(), 5, "the settings in the record")
+    record = cluster.registry.load(cluster.id)
+    job_dir = cluster.job_directory()
+    assert await recorded_adapting(record, job_dir) == wanted
+    other = SlurmRayCluster.from_record(record, transport, registry=cluster.registry)
+    await other.request_adapt_async(1, 4, idle_timeout=40, max_pending=3)
+    assert await recorded_adapting(record, job_dir) == AdaptSettings(1, 4, 40.0, 3)
+    await cluster.stop_adapting_async()
+    await until(lambda: recorded() is None, 5, "no settings in the record")
+
+
 # -- scale and adapt never fight: the REST API (issue 18, item 6) ---------------------------------
 async def test_rest_scale_in_of_a_server_owned_cluster_answers_while_the_drain_goes_on(
     jp_fetch, server_manager, slurm, site, monkeypatch
@@ -354,6 +381,7 @@ async def test_rest_scale_of_a_cluster_another_process_adapts_is_refused_from_it
     cluster_id = owned_elsewhere(registry, slurm, jobs_root)
     record = registry.load(cluster_id)
     record.scaling = [AdaptSettings(1, 4).describe(), "12:00:00 1 → 2 nodes (submitted 8): …"]
+    record.adapting = AdaptSettings(1, 4).to_dict()  # what the owner's record keeps
     registry.save(record)
     code, answer = await _post(jp_fetch, cluster_id, {"nodes": 2})
     assert code == 409 and answer["message"] == AdaptSettings(1, 4).refuses_scale("grow")
