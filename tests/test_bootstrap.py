@@ -93,7 +93,7 @@ def test_three_node_cluster(jobs: list[JobDir]) -> None:
     job = JobDir.create(nodes=3)
     jobs.append(job)
     job.submit(extra_sbatch=["--gres=gpu:1"])
-    connection = job.wait_ready(90)
+    connection = job.wait_ready()
     log_ready_time("3 nodes", job)
 
     assert connection["node_count"] == 3
@@ -136,7 +136,7 @@ def test_two_clusters_share_a_node(jobs: list[JobDir]) -> None:
     pair[0].submit(extra_sbatch=["--mem=1000"])
     node = pair[0].wait_started()["host"]  # whichever node is free on the shared testbed
     pair[1].submit(extra_sbatch=[f"--nodelist={node}", "--mem=1000"])
-    connections = [job.wait_ready(90) for job in pair]
+    connections = [job.wait_ready() for job in pair]
     for job in pair:
         log_ready_time("1 node (2 at once)", job)
 
@@ -265,7 +265,7 @@ def test_each_lost_worker_and_a_dead_head_are_reported(jobs: list[JobDir]) -> No
     # a job submitted with a list of names: srun would pass on only those without --export=ALL
     probe = "JSR_SETUP_PROBE=from-the-batch-shell"
     job.submit(extra_sbatch=["--export=PATH,HOME,USER"], setup=f"{DEFAULT_SETUP}; export {probe}")
-    connection = job.wait_ready(90)
+    connection = job.wait_ready()
     starts = {e["host"]: e for e in job.events() if e["event"] == "worker_starting"}  # last
     workers = [starts[host] for host in sorted(starts)]
     head = next(e for e in job.events() if e.get("phase") == "head_starting")

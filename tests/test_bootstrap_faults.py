@@ -392,7 +392,7 @@ def test_a_hostile_user_cannot_block_nor_hijack_the_ports(
     job = JobDir.create(nodes=1, port_range=[low, high])
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
-    connection = job.wait_ready(90)
+    connection = job.wait_ready()
 
     ports = block_ports(connection)
     assert taken not in ports and low <= min(ports) and max(ports) <= high
@@ -443,7 +443,7 @@ def test_a_held_lock_in_the_sites_shared_dir_costs_a_bounded_wait(
     assert window["start"] <= start and start + BLOCK <= window["start"] + window["size"]
     assert window["size"] > BLOCK or (window["start"], window["size"]) == (low, high - low + 1)
 
-    connection = job.wait_ready(90)
+    connection = job.wait_ready()
     hostile_node[0].leave()  # only now: until the ports are final, bob's port must stay taken
     ports = block_ports(connection)
     assert low + BLOCK + 8 not in ports and low <= min(ports) and max(ports) <= high
@@ -517,7 +517,7 @@ def test_a_port_taken_after_the_probe_moves_the_node_to_another_block(
     )  # fmt: skip
     try:
         job.submit(extra_sbatch=["--nodelist=node1,node2"], head=f"{job.path}/thief.py {job.path}")
-        connection = job.wait_ready(120)
+        connection = job.wait_ready()
         assert worker_thief.stdout is not None
         stolen = int(worker_thief.stdout.readline())
         log_retries(job)

@@ -144,11 +144,11 @@ def test_hash_jobid_takes_the_derived_block_and_the_next_one_when_squatted(
     run_as_user("scontrol", "release", squatted.job_id)
 
     expected = portblock.derived_starts(plain.job_id, size, port_range, [])[0]
-    connection = plain.wait_ready(120)
+    connection = plain.wait_ready()
     assert connection["ports"]["node_manager"] == expected
     assert [c["start"] for c in claims() if c["job_id"] == plain.job_id] == [expected]
 
-    connection = squatted.wait_ready(120)
+    connection = squatted.wait_ready()
     # a later derived block: the next one, unless plain's claim covers it
     start = connection["ports"]["node_manager"]
     assert start in order[1:], (start, order[:5])
@@ -180,7 +180,7 @@ def test_a_neighbour_cannot_take_ray_clients_own_server_port(
     job = JobDir.create(nodes=1, port_strategy="kernel")
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
-    connection = job.wait_ready(120)
+    connection = job.wait_ready()
     tokens = Tokens(job.path / "ray_token")
     bobs.append(Bob(node=3, mode=f"clientserver:1:{connection['gcs_address']}"))
     used = run_ray_client(job)

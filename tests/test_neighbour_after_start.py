@@ -212,7 +212,7 @@ def test_a_dead_raylets_ports_taken_by_the_neighbour_get_no_byte_of_the_token(
     job = JobDir.create(nodes=2, port_strategy="kernel")
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node1,node2"])
-    connection = job.wait_ready(120)
+    connection = job.wait_ready()
     assert connection["tls"]
     node, host = (2, "node2") if role == "worker" else (1, "node1")
     temp_dir = worker_temp_dir(job, host) if role == "worker" else connection["temp_dir"]
@@ -305,7 +305,7 @@ def test_the_neighbour_taking_every_freed_worker_port_for_three_minutes_starves_
     job = JobDir.create(nodes=1, port_strategy="kernel")
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
-    connection = job.wait_ready(120)
+    connection = job.wait_ready()
     tokens = Tokens(job.path / "ray_token")
     ports = PortList(connection["temp_dir"])
     try:
@@ -354,7 +354,7 @@ def test_ray_client_connects_while_the_neighbour_holds_rays_shared_client_port_r
     job = JobDir.create(nodes=1, port_strategy="kernel")
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node3"])
-    job.wait_ready(120)
+    job.wait_ready()
     held = bobs[0].squatted()
     used = run_ray_client(job)
     assert used["hosts"] == ["node3"]
@@ -387,7 +387,7 @@ def test_two_clusters_of_one_user_connect_at_once_on_one_node_at_the_first_attem
     jobs.extend(pair)
     for job in pair:
         job.submit(extra_sbatch=["--nodelist=node3"])
-    connections = [job.wait_ready(120) for job in pair]
+    connections = [job.wait_ready() for job in pair]
     clients = []
     for job, connection in zip(pair, connections, strict=True):
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -438,7 +438,7 @@ def test_a_worker_job_on_the_heads_node_joins_only_once_its_raylet_has(
     job = JobDir.create(nodes=1, port_strategy="kernel")
     jobs.append(job)
     job.submit(extra_sbatch=["--nodelist=node2"])
-    connection = job.wait_ready(120)
+    connection = job.wait_ready()
     script = WORKER_JOB.format(
         node="node2", job_dir=job.path, setup=DEFAULT_SETUP, python=VENV_PYTHON
     )

@@ -171,7 +171,10 @@ class JobDir:
             time.sleep(0.2)
         raise AssertionError(f"no matching event within {timeout} s\n{self.diagnostics()}")
 
-    def wait_ready(self, timeout: float = 90.0) -> dict[str, Any]:
+    def wait_ready(self, timeout: float = 150.0) -> dict[str, Any]:
+        """The connection once every node joined: within the bootstrap's start_timeout (120 s,
+        above) and a margin; on a busy machine a node may need its second `ray start` (Ray's
+        own 30 s start-up wait ran out: seen in CI on the enforced flavour)."""
         self.wait_for_event(lambda e: e["event"] == "ready", timeout)
         return self.connection()
 

@@ -54,10 +54,16 @@ def restart_controller(down_for: float, while_down: Callable[[], object] | None 
     first save (a freshly started testbed), it came back knowing no job and gave the next one
     the running job's id, and its node drained with "Duplicate jobid" (seen on 24.11). Saved
     in the second the job started is not enough: that save may still show it pending (seen on
-    26.05: "Registered PENDING JobId=1 StepId=1.batch", then the same drain)."""
-    started = _newest_job_start()
+    26.05: "Registered PENDING JobId=1 StepId=1.batch", then the same drain). A controller
+    saves when a job changes, and 22.05 had nothing more to save after the start: the newest
+    job is changed to what it is (nice=0) once its second has passed, and that save awaited."""
+    started, newest = _newest_job()
+    time.sleep(max(0.0, started + 1 - time.time()))
+    poked = time.time()
+    if newest:
+        subprocess.run(["scontrol", "update", f"jobid={newest}", "nice=0"], check=False, timeout=30)
     wait_for(
-        lambda: JOB_STATE.exists() and JOB_STATE.stat().st_mtime >= started + 1,
+        lambda: JOB_STATE.exists() and JOB_STATE.stat().st_mtime >= max(started + 1, poked),
         60,
         "slurmctld to save the state of the running jobs",
     )
@@ -75,13 +81,17 @@ def restart_controller(down_for: float, while_down: Callable[[], object] | None 
     wait_for(slurm_answers, 60, "the restarted slurmctld to answer", step=1)
 
 
-def _newest_job_start() -> float:
-    """When the newest of the running jobs started (epoch seconds; 0 when none runs)."""
+def _newest_job() -> tuple[float, str]:
+    """When the newest of the running jobs started (epoch seconds) and its id; (0, "") when
+    none runs."""
     shown = subprocess.run(
-        ["squeue", "-h", "-t", "running", "-o", "%S"], capture_output=True, text=True, timeout=30
-    ).stdout.split()
-    starts = [time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")) for text in shown]
-    return max(starts, default=0.0)
+        ["squeue", "-h", "-t", "running", "-o", "%S %i"], capture_output=True, text=True, timeout=30
+    ).stdout.splitlines()
+    jobs = [
+        (time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")), job_id)
+        for start, job_id in (line.split() for line in shown if line.strip())
+    ]
+    return max(jobs, default=(0.0, ""))
 
 
 @contextlib.contextmanager
