@@ -32,6 +32,15 @@ from ..helpers.waiting import until
 from .conftest import emit, write_connection
 
 
+async def up_and_ready(cluster: SlurmRayCluster, slurm) -> None:
+    """Submit on the scripted Slurm, run the job, and say its one node is up: READY."""
+    await cluster.up_async(wait=False)
+    slurm.run(cluster.job_id)
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 5, "READY")
+
+
 def owned_elsewhere(registry: Registry, slurm, jobs_root: Path, name: str = "grow") -> str:
     """A READY cluster's record and job dir, owned by another live process (this one's pid,
     but no cluster object here owns it)."""
@@ -159,11 +168,7 @@ def test_the_status_line_shows_alive_wanted_and_pending_worker_jobs():
 
 async def test_the_panels_plus_and_minus_scale_by_one_node(site, make_cluster, slurm, monkeypatch):
     cluster = make_cluster()
-    await cluster.up_async(wait=False)
-    slurm.run(cluster.job_id)
-    write_connection(cluster)
-    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
-    await until(lambda: cluster.state is State.READY, 5, "READY")
+    await up_and_ready(cluster, slurm)
     panel = ClusterPanel(session=Session(SlurmRay()), cluster=cluster)
     actions: list = []
     monkeypatch.setattr(panel, "_run", actions.append)  # run here, on this test's loop
@@ -274,11 +279,7 @@ async def test_the_magics_cluster_adapts_with_the_kernels_configured_settings(
     assert made.adapt_defaults() == {"idle_timeout": 45.0, "max_pending": 3}
     cluster = make_cluster()
     cluster.adapt_defaults = made.adapt_defaults
-    await cluster.up_async(wait=False)
-    slurm.run(cluster.job_id)
-    write_connection(cluster)
-    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
-    await until(lambda: cluster.state is State.READY, 5, "READY")
+    await up_and_ready(cluster, slurm)
     settings = await cluster.adapt_async(1, 3)
     assert settings is not None and (settings.idle_timeout, settings.max_pending) == (45.0, 3)
     await cluster.stop_adapting_async()
@@ -286,11 +287,7 @@ async def test_the_magics_cluster_adapts_with_the_kernels_configured_settings(
 
 async def test_the_owner_applies_an_adapt_request(make_cluster, slurm, transport):
     cluster = make_cluster()
-    await cluster.up_async(wait=False)
-    slurm.run(cluster.job_id)
-    write_connection(cluster)
-    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
-    await until(lambda: cluster.state is State.READY, 5, "READY")
+    await up_and_ready(cluster, slurm)
     record = cluster.registry.load(cluster.id)
     other = SlurmRayCluster.from_record(record, transport, registry=cluster.registry)
     await other.request_adapt_async(1, 3, idle_timeout=20)
@@ -305,11 +302,7 @@ async def test_another_process_reads_every_adapt_setting_as_data(make_cluster, s
     """What the owner adapts with reaches other processes whole: its record keeps the settings
     as data, and a request made after the record was written counts with all of its own."""
     cluster = make_cluster()
-    await cluster.up_async(wait=False)
-    slurm.run(cluster.job_id)
-    write_connection(cluster)
-    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
-    await until(lambda: cluster.state is State.READY, 5, "READY")
+    await up_and_ready(cluster, slurm)
     await cluster.adapt_async(1, 3, idle_timeout=25, max_pending=2)
     wanted = AdaptSettings(1, 3, 25.0, 2)
 
