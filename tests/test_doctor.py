@@ -303,6 +303,7 @@ def test_a_container_clusters_doctor_checks_ray_in_the_image(site_env):
 
 
 @needs_image
+@pytest.mark.host_stack
 def test_a_container_image_missing_on_the_nodes_is_the_one_failure(site_env):
     report = doctor(site_env, "-t", "10", "--container", "/nonexistent/image.sif")
     assert list(failures(report)) == ["ray"], report
