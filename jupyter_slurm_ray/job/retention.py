@@ -309,12 +309,11 @@ async def activity(transport: Transport, listing: Listing) -> Activity:
     for kind, job_ids in asked.items():
         scheduler = kind.create(transport)
         with contextlib.suppress(SlurmRayError):
+            infos = await scheduler.query(job_ids)
             if kind is slurm:
                 tagged = {**await scheduler.tagged_jobs(), **await scheduler.tagged_worker_jobs()}
-            infos = await scheduler.query(job_ids)
-            active |= {j for j, info in infos.items() if not info.is_final}
-            if kind is slurm:
                 clusters = frozenset(tagged.values())
+            active |= {j for j, info in infos.items() if not info.is_final}
             answered.add(kind.mode)
     return Activity(frozenset(active), clusters, frozenset(answered))
 

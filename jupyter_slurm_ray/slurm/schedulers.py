@@ -41,9 +41,10 @@ async def query_jobs(
     asked: dict[type[Scheduler], list[str]] = {}
     for job_id in dict.fromkeys(job_ids):
         asked.setdefault(kind_of(job_id), []).append(job_id)
-    for kind in list(asked):
-        for other in [other for other in asked if other.mode in kind.also_answers]:
-            if kind in asked:
+    for kind in [kind for kind in asked if kind.also_answers]:
+        others = [other for other in asked if other.mode in kind.also_answers]
+        if kind in asked:  # not merged into another already
+            for other in others:
                 asked[kind] += asked.pop(other)
     answers: dict[str, JobInfo] = {}
     for kind, ids in asked.items():

@@ -11,6 +11,7 @@ Usage (the flavour's Python, where its slurmd's libhwloc is): topology.py DIR NO
 writes DIR/hwloc-nodeI.xml for every node I whose rotation is not 0.
 """
 
+import copy
 import ctypes
 import ctypes.util
 import os
@@ -39,15 +40,14 @@ def machine_topology() -> ET.ElementTree:
 
 def write_rotated(machine: ET.ElementTree, shift: int, path: str) -> None:
     """The machine's topology with its PUs' OS indexes rotated by ``shift``, atomically."""
-    pus = [obj for obj in machine.iter("object") if obj.get("type") == "PU"]
+    rotated = copy.deepcopy(machine)
+    pus = [obj for obj in rotated.iter("object") if obj.get("type") == "PU"]
     indexes = [pu.get("os_index") for pu in pus]
     for pu, index in zip(pus, indexes[shift:] + indexes[:shift], strict=True):
         pu.set("os_index", str(index))
-    machine.write(path + ".new", xml_declaration=True, encoding="UTF-8")
+    rotated.write(path + ".new", xml_declaration=True, encoding="UTF-8")
     os.chmod(path + ".new", 0o644)
     os.replace(path + ".new", path)
-    for pu, index in zip(pus, indexes, strict=True):  # as it was, for the next node
-        pu.set("os_index", str(index))
 
 
 def main(directory: str, nodes: int) -> None:
