@@ -222,6 +222,44 @@ def test_copy_attach_and_show_logs(page, cluster):
     expect(logs).to_contain_text("==> slurm-")
 
 
+def test_a_new_listing_keeps_the_nodes_it_did_not_change(page, cluster):
+    """A click landing during a refresh must reach its button: the card and its buttons stay
+    the same DOM nodes across listings; a changed fact is updated in place, a button whose
+    arguments changed is a new one."""
+    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
+    mine = next(c for c in real["clusters"] if c["id"] == cluster.id)
+    listing = {**real, "reconciled_at": time.time(), "clusters": [mine]}
+
+    def serve(route: Route) -> None:
+        if route.request.method == "GET":
+            route.fulfill(json=listing)
+        else:
+            route.fallback()
+
+    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
+    page.route(pattern, serve)
+    try:
+        open_sidebar(page)
+        page.locator(".jp-SlurmRay-refresh").click()
+        item = card(page, cluster.id)
+        expect(item.locator(".jp-SlurmRay-notice")).to_have_count(0)
+        marked = [item, item.get_by_role("button", name="Copy attach")]
+        scale = item.get_by_role("button", name="Scale")
+        for node in [*marked, scale]:
+            node.evaluate("node => { node.jsrMark = true }")  # a property: not in isEqualNode
+        listing["clusters"] = [{**mine, "notice": "changed by the test", "nodes_wanted": 3}]
+        page.locator(".jp-SlurmRay-refresh").click()
+        expect(item.locator(".jp-SlurmRay-notice")).to_have_text("changed by the test")
+        for node in marked:
+            assert node.evaluate("node => node.jsrMark === true")
+        assert scale.evaluate("node => node.jsrMark === undefined")
+        assert '"nodes":3' in (scale.get_attribute("data-args") or "")
+    finally:
+        page.unroute(pattern)
+        page.locator(".jp-SlurmRay-refresh").click()
+    expect(item.locator(".jp-SlurmRay-notice")).to_have_count(0)
+
+
 def test_the_palette_has_the_commands(page):
     page.keyboard.press("Control+Shift+C")
     palette = page.locator("#command-palette")

@@ -34,6 +34,7 @@ import {
   usageShort,
   walltimeWarningText
 } from './format';
+import { morphChildren } from './morph';
 
 /** What the sidebar keeps across a page reload (restore.ts), given by its plugin. */
 export interface ISidebarOptions {
@@ -153,26 +154,27 @@ export class ClusterSidebar extends Widget {
     }
   }
 
+  /** The listing into the list; what did not change stays as it is (morph.ts says why). */
   private _render(): void {
     const listing = this._last;
-    if (!listing) {
-      return;
+    if (listing) {
+      morphChildren(this._list, this._rows(listing));
     }
-    this._list.replaceChildren();
+  }
+
+  private _rows(listing: IClusterList): HTMLLIElement[] {
     if (listing.clusters.length === 0) {
       const empty = document.createElement('li');
       empty.className = 'jp-SlurmRay-empty';
       empty.textContent = 'No clusters yet. Start one with %slurm_ray up in a notebook.';
-      this._list.appendChild(empty);
-      return;
+      return [empty];
     }
     const { live, ended } = liveThenEnded(listing.clusters);
-    for (const cluster of live) {
-      this._list.appendChild(this._item(cluster, listing.reconciled_at));
-    }
+    const rows = live.map(cluster => this._item(cluster, listing.reconciled_at));
     if (ended.length) {
-      this._list.appendChild(this._recent(ended, listing.reconciled_at));
+      rows.push(this._recent(ended, listing.reconciled_at));
     }
+    return rows;
   }
 
   /** The ended clusters, folded (open once the user opened it, across listings). */
@@ -318,6 +320,7 @@ export class ClusterSidebar extends Widget {
     button.className = `jp-Button jp-mod-styled jp-mod-${kind} jp-SlurmRay-action`;
     button.textContent = label;
     button.dataset.command = command;
+    button.dataset.args = JSON.stringify(args); // changed arguments make a changed button
     button.disabled = disabled;
     button.title = this.commands.caption(command, args) || label;
     button.onclick = () => void this.commands.execute(command, args);
