@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import display
-from .elastic import part as elastic_part
 from .errors import (
     CommandError,
     ConnectError,
@@ -17,10 +15,6 @@ from .errors import (
     SpecError,
     TransportError,
 )
-
-if TYPE_CHECKING:
-    from .elastic.host import ClusterHost
-    from .scheduler.interface import Scheduler
 
 __all__ = [
     "ClusterSpec",
@@ -94,19 +88,6 @@ def _progress_bar(what: str, total: int) -> Any:
 
 
 display.set_renderer(_cluster_mimebundle, _status_line, _progress_bar)
-
-
-def _elastic(
-    host: ClusterHost, slurm: Scheduler, on_change: Callable[[], None]
-) -> elastic_part.ElasticPart:
-    """A cluster's elastic part (worker jobs, scaling, adapt, rotation): ``Elastic``, imported
-    when the first cluster is made (importing the package stays cheap)."""
-    from .elastic.scaling import Elastic
-
-    return Elastic(host, slurm, on_change)
-
-
-elastic_part.set_maker(_elastic)
 
 
 def load_ipython_extension(ipython: Any) -> None:

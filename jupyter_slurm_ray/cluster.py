@@ -34,7 +34,7 @@ from .client.mode import DRIVER, driver_precheck
 from .client.side import ClientSide
 from .clientevents import append_event
 from .config import adapt_defaults as config_adapt_defaults
-from .elastic.part import AdaptLoop, ElasticPart, ElasticWorkers, MakeElastic, package_maker
+from .elastic.part import AdaptLoop, ElasticPart, ElasticWorkers, MakeElastic
 from .elastic.policy import AdaptSettings
 from .errors import (
     ClusterTimeout,
@@ -139,7 +139,7 @@ class SlurmRayCluster:
         self._client = ClientSide(
             self.transport, self.registry, self.id, self._save_record, driver_hosts
         )
-        make_elastic = elastic or package_maker()
+        make_elastic = elastic or _package_elastic
         self.elastic: ElasticPart = make_elastic(self, self.slurm, self._update_state)
         self._cancels: set[asyncio.Future[None]] = set()  # worker job cancels under way
         self._stopping = False
@@ -833,3 +833,13 @@ def _cancel_owned_clusters() -> None:
         with contextlib.suppress(Exception):
             run_sync(cluster.slurm.cancel(cluster.job_id), timeout=15)
             log.info("cancelled job %s of cluster %s at exit", cluster.job_id, cluster.id)
+
+
+def _package_elastic(
+    host: SlurmRayCluster, slurm: Scheduler, on_change: Callable[[], None]
+) -> ElasticPart:
+    """The package's elastic part (worker jobs, scaling, adapt, rotation), imported when the
+    first cluster is made: importing the package stays cheap."""
+    from .elastic.scaling import Elastic
+
+    return Elastic(host, slurm, on_change)

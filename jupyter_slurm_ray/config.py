@@ -122,7 +122,7 @@ def _set_by_former_name(self: Configurable, change: Any) -> None:
 
 
 # The ClusterSpec fields a site or user may preset, one trait each, made from the field's own
-# declaration in spec.py (its kind, help and check): a setting is declared once.
+# declaration in spec/__init__.py (its kind, help and check): a setting is declared once.
 _ClusterSettings: Any = MetaHasTraits(
     "_ClusterSettings",
     (Configurable,),
@@ -435,7 +435,7 @@ def resolve_spec(
         if name in FORMER_NAMES and FORMER_NAMES[name] in found:
             allowed = f"unset: it is the former name of {env_name(FORMER_NAMES[name])}, also set"
             raise SpecError(env_name(name), value, allowed)
-        if name in SPEC_SETTINGS or name in FORMER_NAMES:  # a former name warns (spec.py)
+        if name in SPEC_SETTINGS or name in FORMER_NAMES:  # a former name warns (spec/__init__.py)
             layers.append((source, {name: value}))
     if profile is None:
         profile, _ = effective_setting("default_profile", config, environ)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
-from jupyter_slurm_ray.job.environment import DEFAULT_EXPORT
 from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.spec.environment import DEFAULT_EXPORT
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 

@@ -1,5 +1,5 @@
 """The reference pages' generated parts, from the declarations in the code: every setting
-(``ClusterSpec``'s fields in ``spec.py``, the ``SlurmRay`` traits of ``config.py``, adapt's
+(``ClusterSpec``'s fields in ``spec/__init__.py``, the ``SlurmRay`` traits of ``config.py``, adapt's
 options of ``elastic/adaptoptions.py``), the magics' and the CLI's ``--help``, the REST API's
 routes and view, the errors and their HTTP statuses, and the bootstrap's events.
 

@@ -25,8 +25,8 @@ from ..bootstrap import dashhttp
 from ..bootstrap.jsr_wire import WORKER_JOB_FIELD, Event
 from ..clientevents import append_event
 from ..errors import SlurmRayError
+from ..spec.groups import DEFAULT_GROUP
 from .adaptoptions import ADAPT_DEFAULTS
-from .groups import DEFAULT_GROUP
 from .moves import Moves, WorkerBook
 from .policy import (
     AdaptSettings,

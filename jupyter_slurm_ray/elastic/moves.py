@@ -32,7 +32,7 @@ from ..errors import (
     TransportError,
 )
 from ..job.directory import JobDir
-from .groups import DEFAULT_GROUP
+from ..spec.groups import DEFAULT_GROUP
 from .workerjob import WorkerJob
 
 if TYPE_CHECKING:

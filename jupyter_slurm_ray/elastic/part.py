@@ -119,19 +119,3 @@ class MakeElastic(Protocol):
     def __call__(
         self, host: ClusterHost, slurm: Scheduler, on_change: Callable[[], None]
     ) -> ElasticPart: ...
-
-
-_maker: MakeElastic | None = None
-
-
-def set_maker(maker: MakeElastic) -> None:
-    """The package's maker of elastic parts from now on (``__init__.py`` sets it on import)."""
-    global _maker
-    _maker = maker
-
-
-def package_maker() -> MakeElastic:
-    """The maker the package set: what makes the elastic part of a cluster given none."""
-    if _maker is None:  # the package's __init__ runs before any of its modules
-        raise RuntimeError("jupyter_slurm_ray was not imported: no maker of elastic parts")
-    return _maker

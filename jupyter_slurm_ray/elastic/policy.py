@@ -28,8 +28,8 @@ from typing import Any
 
 from ..errors import SpecError
 from ..slurm.queueinfo import explain_reason
+from ..spec.groups import DEFAULT_GROUP
 from .adaptoptions import ADAPT_DEFAULTS
-from .groups import DEFAULT_GROUP
 from .raydemand import Demand, PlacementDemand, Shape, describe_demand, nodes_for
 
 

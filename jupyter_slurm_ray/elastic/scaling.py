@@ -33,9 +33,9 @@ from ..registry import ClusterRecord
 from ..scheduler.interface import Scheduler
 from ..scheduler.kinds import kind_for_mode
 from ..slurm.schedulers import watcher_for
+from ..spec.groups import DEFAULT_GROUP, group_names
 from ..states import Status
 from .adapt import INTERVAL, Adapter, checked_or_default, recent_decisions
-from .groups import DEFAULT_GROUP, group_names
 from .host import ClusterHost
 from .moves import Moves
 from .policy import AdaptSettings
@@ -85,7 +85,7 @@ class Elastic:
         wait: bool = True,
     ) -> Status:
         """Scale to ``nodes`` Ray nodes in all: the head's allocation (``spec.nodes``) plus
-        one-node worker jobs; with a worker ``group`` (see elastic/groups.py), to ``nodes``
+        one-node worker jobs; with a worker ``group`` (see spec/groups.py), to ``nodes``
         worker jobs of that group. Out: worker jobs are submitted (returns at once; they join
         as Slurm starts them). In: pending worker jobs are cancelled first, then running ones
         are drained through Ray (up to ``drain_timeout`` s) and cancelled; returns once they

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..spec.groups import DEFAULT_GROUP
 from ..states import WORKER_ENDED, WorkerJobStatus
-from .groups import DEFAULT_GROUP
 
 
 @dataclass
@@ -22,7 +22,7 @@ class WorkerJob:
     leaving: bool = False  # asked to drain, or leaving by itself
     submitted_at: float = 0.0
     estimated_start: str | None = None  # Slurm's estimate (squeue %S) while PENDING
-    group: str = DEFAULT_GROUP  # its worker group (elastic/groups.py)
+    group: str = DEFAULT_GROUP  # its worker group (spec/groups.py)
     ends_at: float | None = None  # when its walltime ends (time.time()), once it runs
     replaced_by: str | None = None  # its replacement's job id (elastic/rotation.py)
 

@@ -41,9 +41,9 @@ from ..scheduler.interface import Scheduler
 from ..scheduler.records import JobInfo
 from ..slurm.watch import JobNews, JobWatcher
 from ..spec import ClusterSpec
+from ..spec.groups import DEFAULT_GROUP, group_spec
 from ..states import WorkerJobStatus
 from ..transport import Transport
-from .groups import DEFAULT_GROUP, group_spec
 from .moves import Moves
 from .workerjob import WorkerJob
 

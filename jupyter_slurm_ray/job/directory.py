@@ -43,9 +43,9 @@ from ..bootstrap.jsr_wire import (
     ray_log,
 )
 from ..errors import CommandError, SlurmRayError, SpecError
+from ..spec.checks import python_command
+from ..spec.environment import exported_names, parse_env0
 from ..transport import LocalTransport, Transport, tar_base64
-from .checks import python_command
-from .environment import exported_names, parse_env0
 from .shipping import bootstrap_files
 
 SCRIPT = "job.sbatch"
@@ -106,7 +106,7 @@ async def probe_site(
     transport: Transport, job_dir_root: str, export_env: Sequence[str] = ()
 ) -> Site:
     """One command: resolve and check ``job_dir_root``, and list the exported variables
-    (the default list and ``export_env``: ``job/environment.py``).
+    (the default list and ``export_env``: ``spec/environment.py``).
 
     SpecError (field job_dir_root) when a directory on its path belongs to another user or
     is writable by others, through its mode or an ACL (root's sticky directories like /tmp

@@ -97,7 +97,7 @@ def sbatch_directives(
         ("--no-requeue", None),
         # The submitting environment's variables by name: an allow-list (PATH, HOME, LANG, the
         # module systems' state, which the setup lines build on, and export_env):
-        # job/environment.py.
+        # spec/environment.py.
         ("--export", _export_list(exported)),
     ]
     return [_directive(name, value) for name, value in options] + [
@@ -148,7 +148,7 @@ def _extra_directive(entry: str) -> str:
 # - `eval` keeps every effect in this shell (`module load`, `source .../activate`, `export`,
 #   `cd`), a failing command inside a sourced file or a multi-command line fires the trap,
 #   and a line whose own status is non-zero (`a && b` with a failing) fails the `eval`.
-# The price: each entry must be a complete command line (spec.py already makes entries single
+# The price: each entry must be a complete command line (spec/ already makes entries single
 # lines); an `if` spread over several entries fails on its first line with bash's syntax error.
 _SETUP_PROLOGUE = (
     "# Setup: your lines, each run here by eval; the first one to fail ends the job.",

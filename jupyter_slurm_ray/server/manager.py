@@ -26,7 +26,6 @@ from typing import Any
 
 from ..bootstrap.jsr_wire import Event
 from ..cluster import SlurmRayCluster
-from ..elastic.groups import checked_name
 from ..elastic.workerjobs import checked_node_count
 from ..errors import Conflict, NotFound, SlurmRayError, SpecError
 from ..inventory import Entry, Inventory, tag_matches
@@ -40,6 +39,7 @@ from ..slurm.sitecheck import check_with_slurm
 from ..slurm.usage import Usage, fetch_usages
 from ..slurm.walltime import extend_walltime, parse_extension, warning_due
 from ..spec import ClusterSpec
+from ..spec.groups import checked_name
 from ..states import Status, status_of_record
 from ..targets import Transports
 from ..transport import Transport

@@ -31,9 +31,9 @@ from datetime import datetime
 
 from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError
-from ..job.checks import parse_walltime
 from ..scheduler.interface import Scheduler
 from ..scheduler.records import JobInfo
+from ..spec.checks import parse_walltime
 from .client import is_script_text, run_program, script_options
 
 log = logging.getLogger(__name__)

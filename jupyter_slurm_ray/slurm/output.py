@@ -16,12 +16,11 @@ from ..scheduler.records import (
     Qos,
     UsageRow,
 )
+from ..spec.units import parse_duration, parse_size
 from .formats import (
     expand_hostlist,
     parse_cpu_time,
-    parse_duration,
     parse_exit_code,
-    parse_size,
     parse_timestamp,
     parse_tres,
 )

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ExtendRefused, SlurmRayError, SpecError
-from ..job.checks import parse_walltime
 from ..scheduler.interface import Scheduler
+from ..spec.checks import parse_walltime
 from ..states import Status
 
 __all__ = [

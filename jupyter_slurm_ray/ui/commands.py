@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..aio import run_sync
 from ..config import resolve_spec
-from ..elastic.groups import checked_name
 from ..elastic.workerjobs import checked_node_count
 from ..errors import SlurmRayError, SlurmUnavailable
 from ..inventory import Entry, Orphan, find_orphans, format_table, kept_by_their_owners
@@ -20,6 +19,7 @@ from ..registry import ClusterRecord
 from ..session import Session
 from ..slurm.client import SlurmClient
 from ..slurm.walltime import parse_extension
+from ..spec.groups import checked_name
 from ..transport import LocalTransport, Transport
 from .formatting import extension_line, format_bytes, status_line
 

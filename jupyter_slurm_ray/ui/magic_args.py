@@ -12,9 +12,9 @@ import dataclasses
 import shlex
 from typing import Any, NoReturn
 
-from ..elastic.groups import parse_group_option
 from ..errors import ArgumentError, HelpRequested
 from ..spec import ClusterSpec
+from ..spec.groups import parse_group_option
 from .arguments import (
     LIST_ALL_HELP,
     NAME_HELP,
@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # Options of `up`, `script` and `config` that set cluster settings: (flags, field); the help
-# text is the field's own (spec.py).
+# text is the field's own (spec/__init__.py).
 _SPEC_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-N", "--nodes"), "nodes"),
     (("-p", "--partition"), "partition"),

@@ -5,9 +5,13 @@ folders docs/architecture.md describes."""
 import re
 from pathlib import Path
 
-from tests.helpers.importgraph import ROOT, package_graph
+from tests.helpers.importgraph import ROOT, package_graph, room_of
 
-WINGS = ("bootstrap", "client", "doctor", "elastic", "job", "scheduler", "server", "slurm", "ui")
+WINGS = (
+    *("bootstrap", "client", "doctor", "elastic", "job", "scheduler", "server", "slurm", "spec"),
+    "ui",
+)
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 UI_AND_SERVER = ("ui", "server")
 # 14 before 2026-12-03, 11 on 2026-12-03, 10 after (docs/architecture.md: how); 11 since
 # 2026-12-07: the scheduler interface (scheduler/interface.py) is a layer of its own under
@@ -62,9 +66,52 @@ def test_the_top_level_is_the_core_and_each_wing_a_folder():
     assert folders == sorted(WINGS)
 
 
-def test_the_cluster_knows_its_elastic_part_only_as_elastic_part_names_it():
+def floors_in_docs() -> dict[str, int]:
+    """docs/architecture.md's folder order: each room (a folder, ``slurm/``, or a module at the
+    top level, ``cluster.py``) and its floor, from its table under "## The folder order"."""
+    section = ARCHITECTURE.read_text().partition("\n## The folder order\n")[2].partition("\n## ")[0]
+    floors: dict[str, int] = {}
+    for floor, rooms in re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M):
+        for room in re.findall(r"`([^`]+)`", rooms):
+            assert room not in floors, f"{room} is on two floors of docs/architecture.md"
+            floors[room] = int(floor)
+    return floors
+
+
+def test_docs_architecture_puts_every_folder_and_top_level_module_on_one_floor():
+    floors = floors_in_docs()
+    rooms = {room_of(module) for module in package_graph().modules}
+    assert sorted(rooms - floors.keys()) == [], "rooms docs/architecture.md does not place"
+    assert sorted(floors.keys() - rooms) == [], "rooms docs/architecture.md places but are gone"
+
+
+def test_every_arrow_between_folders_points_down_the_documented_order():
+    """A room imports only rooms on floors below its own: no arrow back up, none sideways."""
+    graph, floors = package_graph(), floors_in_docs()
+    rooms = graph.rooms()
+    wrong = [
+        f"{source} (floor {floors[source]}) -> {target} (floor {floors[target]}): "
+        + ", ".join(graph.between(source, target))
+        for source, targets in sorted(rooms.arrows.items())
+        for target in sorted(targets)
+        if source in floors and target in floors and floors[target] >= floors[source]
+    ]
+    assert wrong == []
+
+
+def test_the_cluster_makes_its_elastic_part_and_knows_it_as_elastic_part_names_it():
+    """Its one other import of the wing, inside a function: the package's default maker."""
     elastic = {t for t in package_graph().arrows["cluster"] if t.startswith("elastic.")}
-    assert elastic <= {"elastic.part", "elastic.policy"}, elastic  # policy: AdaptSettings
+    assert elastic <= {"elastic.part", "elastic.policy", "elastic.scaling"}, elastic
+    source = (ROOT / "cluster.py").read_text()
+    assert source.count("from .elastic.scaling import") == 1
+    lazily = "\n    from .elastic.scaling import Elastic\n"  # in a function: importing is cheap
+    assert lazily in source
+
+
+def test_no_module_global_maker_wires_the_package_together():
+    assert not re.search(r"\bset_maker\b|\bpackage_maker\b", (ROOT / "__init__.py").read_text())
+    assert not re.search(r"^_maker\b", (ROOT / "elastic" / "part.py").read_text(), re.M)
 
 
 def test_the_layers_do_not_grow():
@@ -72,7 +119,7 @@ def test_the_layers_do_not_grow():
 
 
 def test_docs_architecture_names_every_module_where_it_is():
-    text = (ROOT.parent / "docs" / "architecture.md").read_text()
+    text = ARCHITECTURE.read_text()
     named = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
     own_tables = set(re.findall(r"^### .*\(`jupyter_slurm_ray/([a-z_]+)/`\)", text, re.M))
     missing = [

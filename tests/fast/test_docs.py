@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from jupyter_slurm_ray.job.checks import single_line
+from jupyter_slurm_ray.spec.checks import single_line
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_slurm_ray.job.environment import drop_reason, exported_names, parse_env0
 from jupyter_slurm_ray.job.script import render_job_script
 from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.spec.environment import drop_reason, exported_names, parse_env0
 from jupyter_slurm_ray.transport import LocalTransport
 
 

@@ -11,8 +11,8 @@ from traitlets import TraitError
 from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay, resolve_spec
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.job.environment import DEFAULT_EXPORT, drop_reason, exported_names
 from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.spec.environment import DEFAULT_EXPORT, drop_reason, exported_names
 from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
 
 # What a kernel's environment holds and no job may get.

@@ -8,13 +8,14 @@ import pytest
 
 from jupyter_slurm_ray.errors import SlurmError
 from jupyter_slurm_ray.slurm.client import _job_id
-from jupyter_slurm_ray.slurm.formats import expand_hostlist, parse_duration, parse_exit_code
+from jupyter_slurm_ray.slurm.formats import expand_hostlist, parse_exit_code
 from jupyter_slurm_ray.slurm.output import (
     parse_sacct,
     parse_scontrol_job,
     parse_sinfo,
     parse_squeue_line,
 )
+from jupyter_slurm_ray.spec.units import parse_duration
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,10 @@ import pytest
 
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
-from jupyter_slurm_ray.slurm.formats import parse_cpu_time, parse_size
+from jupyter_slurm_ray.slurm.formats import parse_cpu_time
 from jupyter_slurm_ray.slurm.output import parse_usage
 from jupyter_slurm_ray.slurm.usage import Usage, fetch_usage, usage_of_rows
+from jupyter_slurm_ray.spec.units import parse_size
 from jupyter_slurm_ray.ui.formatting import format_bytes, usage_summary
 from jupyter_slurm_ray.ui.live import Notices
 

@@ -11,7 +11,6 @@ import pytest
 
 from jupyter_slurm_ray.bootstrap.jsr_wire import group_resource
 from jupyter_slurm_ray.elastic.adapt import recent_decisions
-from jupyter_slurm_ray.elastic.groups import group_names, group_spec, parse_group_option
 from jupyter_slurm_ray.elastic.rotation import due_for_rotation, replaced_and_joined
 from jupyter_slurm_ray.elastic.workerjob import WorkerJob
 from jupyter_slurm_ray.elastic.workerjobs import WorkerJobs
@@ -19,6 +18,7 @@ from jupyter_slurm_ray.errors import SlurmError, SpecError
 from jupyter_slurm_ray.job.script import render_job_script
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec, resolve
+from jupyter_slurm_ray.spec.groups import group_names, group_spec, parse_group_option
 from jupyter_slurm_ray.states import State, Status, WorkerJobStatus, status_of_record
 from jupyter_slurm_ray.transport import LocalTransport
 from jupyter_slurm_ray.ui.formatting import scaling_text

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from jupyter_slurm_ray.errors import TransportError
 from jupyter_slurm_ray.slurm.client import AS_THIS_USER
-from jupyter_slurm_ray.slurm.formats import parse_duration
+from jupyter_slurm_ray.spec.units import parse_duration
 from jupyter_slurm_ray.transport import DEFAULT_TIMEOUT, CommandResult, LocalTransport
 from jupyter_slurm_ray.ui.formatting import format_duration
 

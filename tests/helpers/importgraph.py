@@ -86,10 +86,36 @@ class ImportGraph:
             of(module)
         return layer
 
+    def rooms(self) -> ImportGraph:
+        """The graph of rooms: a folder of the package (``slurm/``) is one room, a module at
+        its top level (``cluster.py``) another; one room imports another where any of its
+        modules imports any of the other's."""
+        arrows: dict[str, set[str]] = {room_of(m): set() for m in self.modules}
+        for source, targets in self.arrows.items():
+            arrows[room_of(source)] |= {room_of(t) for t in targets} - {room_of(source)}
+        return ImportGraph(arrows)
+
+    def between(self, source_room: str, target_room: str) -> list[str]:
+        """The module arrows that make the arrow between two rooms."""
+        return [
+            f"{source} -> {target}"
+            for source, targets in sorted(self.arrows.items())
+            if room_of(source) == source_room
+            for target in sorted(targets)
+            if room_of(target) == target_room
+        ]
+
     def top_level(self) -> list[str]:
         """The modules directly in the package (its subpackages not counted)."""
         packages = {m.partition(".")[0] for m in self.modules if "." in m}
         return [m for m in self.modules if "." not in m and m not in packages | {"__init__"}]
+
+
+def room_of(module: str) -> str:
+    """``slurm.watch`` → ``slurm/``; ``spec`` (``spec/__init__.py``) → ``spec/``; ``cluster`` →
+    ``cluster.py``; the package's own ``__init__`` → ``__init__.py``."""
+    head = module.partition(".")[0]
+    return f"{head}/" if (ROOT / head).is_dir() else f"{head}.py"
 
 
 @cache

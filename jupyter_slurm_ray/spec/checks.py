@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import SpecError
-from ..slurm.formats import BYTES_PER_UNIT, parse_duration, size_in_bytes
+from .units import BYTES_PER_UNIT, parse_duration, size_in_bytes
 
 # ----------------------------------------------------------------------------- walltime
 

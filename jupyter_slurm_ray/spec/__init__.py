@@ -9,16 +9,15 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .bootstrap.jsr_wire import (
+from ..bootstrap.jsr_wire import (
     CONTAINER_RUNTIMES,
     FORMER_NAMES,
     PORT_NAMES,
     PORT_STRATEGIES,
     Settings,
 )
-from .elastic.groups import checked_groups, group_spec
-from .errors import SpecError
-from .job.checks import (
+from ..errors import SpecError
+from .checks import (
     CONSTRAINT,
     INTERFACE,
     MEMORY_ALLOWED,
@@ -51,7 +50,8 @@ from .job.checks import (
     single_line,
     walltime,
 )
-from .job.environment import export_env_entries
+from .environment import export_env_entries
+from .groups import checked_groups, group_spec
 
 __all__ = [
     "FIELD_NAMES",
