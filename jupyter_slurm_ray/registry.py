@@ -34,7 +34,7 @@ from typing import Any
 from .bootstrap.jsr_wire import TLS_CA_CERT, TLS_CLIENT_CERT, TLS_CLIENT_KEY, TlsFiles
 from .errors import RegistryError, SlurmRayError
 from .files import write_atomic
-from .naming import CLUSTER_ID_ALLOWED, HERE_JOB_ID, is_cluster_id, target_name
+from .naming import CLUSTER_ID_ALLOWED, JOB_ID, JOB_ID_ALLOWED, is_cluster_id, target_name
 from .owner import ProcessIdentity, this_process
 from .states import FINAL, State
 
@@ -212,11 +212,6 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _job_id_like(value: str) -> bool:
-    """A Slurm job id, local mode's ``local-<pid>`` or a here step's id (``naming``)."""
-    return value.removeprefix("local-").isdigit() or HERE_JOB_ID.fullmatch(value) is not None
-
-
 def _check_field(name: str, value: Any) -> None:
     allowed = _FIELD_TYPES[name]
     wrong_bool = isinstance(value, bool) and bool not in allowed
@@ -226,8 +221,8 @@ def _check_field(name: str, value: Any) -> None:
         raise RegistryError(f"the id {value!r} is not {CLUSTER_ID_ALLOWED}")
     if name == "state" and value not in RECORD_STATES:
         raise RegistryError(f"unknown state {value!r}")
-    if name == "job_id" and isinstance(value, str) and not _job_id_like(value):
-        raise RegistryError(f"the job id {value!r} is not a Slurm job id")
+    if name == "job_id" and isinstance(value, str) and not JOB_ID.fullmatch(value):
+        raise RegistryError(f"the job id {value!r} is not {JOB_ID_ALLOWED}")
     if name in ("nodes_lost", "worker_jobs", "scaling", "observers") and isinstance(value, list):
         _check_list(name, value)
     if (

@@ -1,11 +1,9 @@
 """The kinds of scheduler there are, and which one a mode or a job id names.
 
-Each kind is a :class:`Scheduler` registered as an entry point of the group
-``jupyter_slurm_ray.schedulers``: its name is the ``ClusterSpec.mode`` that picks it, its value
-``module:Class`` (as ipyparallel registers its launchers). The package registers its own three
-in its pyproject.toml; a second batch system is one package (or folder) of its own and one
-line of registration. The rest of the package asks the kind (``kind_for_mode``, ``kind_of``),
-never which one it is.
+Each kind is a :class:`Scheduler` registered under its mode (``modes.py``: an entry point of
+``jupyter_slurm_ray.schedulers``, or ``register`` at run time); a second batch system is one
+package (or folder) of its own and one line of registration. The rest of the package asks the
+kind (``kind_for_mode``, ``kind_of``), never which one it is.
 """
 
 from __future__ import annotations
@@ -13,55 +11,39 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 
 from ..errors import SpecError
+from . import modes
 from .interface import Scheduler
+from .modes import DEFAULT_MODE
 
-__all__ = ["DEFAULT_MODE", "GROUP", "kind_for_mode", "kind_of", "kinds", "register"]
+__all__ = ["DEFAULT_MODE", "kind_for_mode", "kind_of", "kinds", "register", "unregister"]
 
 log = logging.getLogger(__name__)
 
-GROUP = "jupyter_slurm_ray.schedulers"
-#: the package's own kinds, as its pyproject.toml registers them: found even by an install
-#: whose metadata predates them (an editable install not yet installed again)
-BUILT_IN = {
-    "slurm": "jupyter_slurm_ray.slurm.client:SlurmClient",
-    "local": "jupyter_slurm_ray.slurm.localjobs:LocalJobs",
-    "here": "jupyter_slurm_ray.slurm.heresteps:HereSteps",
-}
-#: the kind of a job id no other kind owns: Slurm's plain numbers
-DEFAULT_MODE = "slurm"
-
-_kinds: dict[str, type[Scheduler]] | None = None
+_loaded: dict[str, type[Scheduler] | None] = {}  # "module:Class" -> its kind (None: broken)
 
 
 def kinds() -> dict[str, type[Scheduler]]:
-    """Every registered kind by its mode, the package's own first (loaded once)."""
-    global _kinds
-    if _kinds is None:
-        found = dict(BUILT_IN)
-        for point in entry_points(group=GROUP):
-            found.setdefault(point.name, point.value)
-        _kinds = {}
-        for mode, value in found.items():
-            kind = _load(mode, value, required=mode in BUILT_IN)
-            if kind is not None:
-                _kinds[mode] = kind
-    return _kinds
+    """Every registered kind by its mode, the package's own first (each loaded once)."""
+    found: dict[str, type[Scheduler]] = {}
+    for mode, value in modes.registered().items():
+        kind = value if isinstance(value, type) else _loaded_kind(mode, str(value))
+        if kind is not None:
+            found[mode] = kind
+    return found
 
 
 def register(kind: type[Scheduler]) -> None:
     """Add (or replace) a kind at run time, as an entry point would: for tests and plugins
     that cannot be installed."""
     _check(kind.mode, kind)
-    kinds()[kind.mode] = kind
+    modes.add(kind.mode, kind)
 
 
 def unregister(mode: str) -> None:
     """Remove a kind ``register`` added (the package's own stay)."""
-    if mode not in BUILT_IN:
-        kinds().pop(mode, None)
+    modes.remove(mode)
 
 
 def kind_for_mode(mode: str) -> type[Scheduler]:
@@ -90,6 +72,12 @@ def no_usage(job_ids: Sequence[str]) -> str:
     return ""
 
 
+def _loaded_kind(mode: str, value: str) -> type[Scheduler] | None:
+    if value not in _loaded:
+        _loaded[value] = _load(mode, value, required=mode in modes.BUILT_IN)
+    return _loaded[value]
+
+
 def _load(mode: str, value: str, *, required: bool) -> type[Scheduler] | None:
     module, _, name = value.partition(":")
     try:
@@ -98,7 +86,9 @@ def _load(mode: str, value: str, *, required: bool) -> type[Scheduler] | None:
     except Exception as exc:
         if required:
             raise
-        log.warning("scheduler %r (%s, entry point of %s) is left out: %s", mode, value, GROUP, exc)
+        log.warning(
+            "scheduler %r (%s, entry point of %s) is left out: %s", mode, value, modes.GROUP, exc
+        )
         return None
     return kind
 

@@ -44,6 +44,7 @@ from .checks import (
     port_pair,
     python_command,
     ray_start_options,
+    registered_mode,
     sbatch_options,
     seconds,
     setup_lines,
@@ -106,12 +107,13 @@ class ClusterSpec:
     )
     mode: str = _setting(
         "slurm",
-        choice("slurm", "local", "here"),
+        registered_mode,
         "text",
         "'slurm' (a Slurm job), 'local' (Ray as processes of this machine, one node, through "
         "the same bootstrap: for a laptop, a tutorial, CI; the magic's --local) or 'here' (Ray "
         "on the nodes of the Slurm allocation this kernel runs in, as steps of it: no new job; "
-        "the magic's --here).",
+        "the magic's --here); or the mode of another scheduler registered as an entry point "
+        "of jupyter_slurm_ray.schedulers.",
     )
     here_nodes: str | None = _setting(
         None,

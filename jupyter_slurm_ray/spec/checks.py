@@ -13,6 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import SpecError
+from ..scheduler.modes import modes
 from .units import BYTES_PER_UNIT, parse_duration, size_in_bytes
 
 # ----------------------------------------------------------------------------- walltime
@@ -166,6 +167,14 @@ def seconds(low: float, high: float) -> Check:
         return number
 
     return check
+
+
+def registered_mode(field: str, value: Any) -> str:
+    """A mode some kind of scheduler is registered as (``scheduler/modes.py``)."""
+    known = modes()
+    if value not in known:
+        raise SpecError(field, value, "one of " + ", ".join(map(repr, known)))
+    return str(value)
 
 
 def choice(*options: str) -> Check:

@@ -77,7 +77,7 @@ async def test_a_record_naming_a_command_prefix_runs_nothing(registry, inventory
         ('{"id": "bad-0001", "name": "b", "target": "fake", "job_dir": "/j", "state": "ZOMBIE"}',
          "unknown state"),
         ('{"id": "bad-0001", "name": "b", "target": "fake", "job_dir": "/j", "job_id": "1;rm"}',
-         "not a Slurm job id"),
+         "is not a job id"),
         ('{"id": "other-0001", "name": "b", "target": "fake", "job_dir": "/j"}', "file name"),
     ],
 )  # fmt: skip

@@ -5,18 +5,18 @@ mode and found by its ids, and nothing else in the package has to know it."""
 from __future__ import annotations
 
 import logging
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
 from jupyter_slurm_ray.errors import SpecError
-from jupyter_slurm_ray.scheduler import kinds
+from jupyter_slurm_ray.scheduler import kinds, modes
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.heresteps import HereSteps
 from jupyter_slurm_ray.slurm.localjobs import LocalJobs
 from jupyter_slurm_ray.slurm.schedulers import query_jobs, scheduler_for_mode, scheduler_of
 from jupyter_slurm_ray.slurm.usage import fetch_usages
+from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.transport import LocalTransport
 from tests.helpers.toyscheduler import ToyScheduler
 
@@ -32,8 +32,8 @@ def toy():
 
 
 def test_the_package_registers_its_three_kinds_as_entry_points() -> None:
-    installed = {point.name: point.value for point in kinds.entry_points(group=kinds.GROUP)}
-    assert {mode: installed.get(mode) for mode in kinds.BUILT_IN} == kinds.BUILT_IN
+    installed = modes.installed()
+    assert {mode: installed.get(mode) for mode in modes.BUILT_IN} == modes.BUILT_IN
     assert {mode: kinds.kinds()[mode] for mode in PACKAGE_KINDS} == PACKAGE_KINDS
 
 
@@ -56,6 +56,14 @@ def test_a_mode_nobody_registered_is_refused_naming_those_there_are() -> None:
     with pytest.raises(SpecError) as refused:
         kinds.kind_for_mode("pbs")
     assert "mode" in str(refused.value) and "'slurm', 'local', 'here'" in str(refused.value)
+
+
+def test_a_spec_takes_the_mode_of_a_registered_kind_and_only_while_it_is(toy) -> None:
+    assert ClusterSpec(mode="toy").mode == "toy"
+    kinds.unregister("toy")
+    with pytest.raises(SpecError) as refused:
+        ClusterSpec(mode="toy")
+    assert refused.value.field == "mode" and "'slurm', 'local', 'here'" in str(refused.value)
 
 
 async def test_a_registered_kind_is_chosen_by_its_mode_and_found_by_its_ids(
@@ -88,12 +96,10 @@ async def test_each_kind_says_why_accounting_has_no_usage_of_its_jobs() -> None:
 def test_a_broken_registration_is_left_out_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broken = EntryPoint("pbs", "no_such_module:PbsJobs", kinds.GROUP)
-    not_a_scheduler = EntryPoint("odd", "pathlib:Path", kinds.GROUP)
-    monkeypatch.setattr(kinds, "entry_points", lambda group: [broken, not_a_scheduler])
-    monkeypatch.setattr(kinds, "_kinds", None)
+    broken = {"pbs": "no_such_module:PbsJobs", "odd": "pathlib:Path"}
+    monkeypatch.setattr(modes, "installed", lambda: broken)
+    monkeypatch.setattr(kinds, "_loaded", {})  # loaded anew, and the next test too
     with caplog.at_level(logging.WARNING, logger=kinds.__name__):
         found = kinds.kinds()
     assert set(found) == set(PACKAGE_KINDS)
     assert "'pbs'" in caplog.text and "'odd'" in caplog.text
-    monkeypatch.setattr(kinds, "_kinds", None)  # the next test loads them anew

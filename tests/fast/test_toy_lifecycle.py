@@ -1,0 +1,80 @@
+"""A cluster's whole lifecycle on the toy scheduler (tests/helpers/toyscheduler.py, one file,
+registered as its entry point would be): up, its job running, READY, down, the job ended and
+nothing left. The package is not told of the toy anywhere else: ``mode="toy"`` picks it.
+
+The job script runs for real (bash, in its ``--chdir``), its ``python`` a stand-in that waits
+as the bootstrap would; the test writes the bootstrap's events and connection, as the fast
+tier's other cluster tests do (no Ray here)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.registry import Registry
+from jupyter_slurm_ray.scheduler import kinds
+from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.states import State
+from jupyter_slurm_ray.transport import LocalTransport
+
+from ..helpers.toyscheduler import ToyScheduler
+from ..helpers.waiting import until
+from .conftest import emit, write_connection
+
+
+@pytest.fixture
+def toy() -> Iterator[type[ToyScheduler]]:
+    kinds.register(ToyScheduler)
+    yield ToyScheduler
+    kinds.unregister(ToyScheduler.mode)
+
+
+@pytest.fixture
+def stand_in_python(tmp_path: Path) -> str:
+    """What the job script execs as its python: waits, as the bootstrap does, until stopped."""
+    path = tmp_path / "bin" / "python"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\nexec sleep 300\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+async def test_a_cluster_lives_its_whole_life_on_the_toy_scheduler(
+    toy, stand_in_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    registry = Registry(tmp_path / "state")
+    spec = ClusterSpec(
+        mode="toy", time="10", python=stand_in_python, job_dir_root=str(tmp_path / "jobs")
+    )
+    cluster = SlurmRayCluster(
+        spec, LocalTransport(), registry=registry, poll_interval=0.05, steady_poll_interval=0.05
+    )
+    assert isinstance(cluster.slurm, toy)
+
+    await cluster.up_async(wait=False)
+    job_id = cluster.job_id
+    assert job_id is not None and toy.owns(job_id)
+    process = toy._jobs[job_id]
+    await until(lambda: cluster.state is State.STARTING, 10, "STARTING: the toy runs the job")
+    assert (Path(cluster.job_dir) / "job.sbatch").read_text().startswith("#!/bin/bash")
+
+    write_connection(cluster)
+    emit(cluster, {"event": "ready", "joined": 1, "node_count": 1})
+    await until(lambda: cluster.state is State.READY, 10, "READY")
+    assert registry.load(cluster.id).state == "READY"
+    assert registry.load(cluster.id).job_id == job_id
+
+    await cluster.down_async()
+    await asyncio.wait_for(process.wait(), 10)  # the job's process is gone ...
+    assert toy._cancelled >= {job_id}
+    answer = (await toy(LocalTransport()).query([job_id]))[job_id]
+    assert answer.state == "CANCELLED" and answer.is_final  # ... and the toy says so
+    record = registry.load(cluster.id)
+    assert State(record.state).is_final and record.job_id == job_id  # no record claims it lives
+    await cluster.close_async()
