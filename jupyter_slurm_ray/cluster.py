@@ -87,8 +87,9 @@ class SlurmRayCluster:
     to it. The twins: ``up``, ``wait_up``, ``wait_ready``, ``connect``, ``disconnect``,
     ``down``, ``close``, ``detach``, ``attach``, ``refresh``, ``logs``, ``script``,
     ``connection_info``, ``usage``, ``extend``; ``scale``, ``request_scale``, ``adapt``,
-    ``request_adapt``, ``stop_adapting`` (done by the cluster's elastic part, its
-    elastic/scaling.py).
+    ``request_adapt``, ``stop_adapting``, ``scale_or_ask``, ``adapt_or_ask`` (done by the
+    cluster's elastic part, its elastic/scaling.py; the last two are every front door's: its
+    owner applies, any other process asks).
     """
 
     def __init__(
@@ -603,6 +604,22 @@ class SlurmRayCluster:
         await self.elastic.stop_adapting()
 
     stop_adapting = blocking(stop_adapting_async)
+
+    async def scale_or_ask_async(
+        self, nodes: int, group: str | None = None, *, wait: bool = True
+    ) -> bool:
+        """``Elastic.scale_or_ask``: its owner scales (True), any other process asks (False)."""
+        return await self.elastic.scale_or_ask(nodes, group, wait=wait)
+
+    scale_or_ask = blocking(scale_or_ask_async)
+
+    async def adapt_or_ask_async(
+        self, *args: Any, **options: Any
+    ) -> tuple[AdaptSettings | None, bool]:
+        """``Elastic.adapt_or_ask``: its owner adapts (True), any other process asks (False)."""
+        return await self.elastic.adapt_or_ask(*args, **options)
+
+    adapt_or_ask = blocking(adapt_or_ask_async)
 
     @property
     def adapting(self) -> AdaptLoop | None:

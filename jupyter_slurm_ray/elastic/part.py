@@ -110,6 +110,19 @@ class ElasticPart(Protocol):
         max_pending: int | None = ...,
     ) -> AdaptSettings | None: ...
     async def stop_adapting(self) -> None: ...
+    async def scale_or_ask(
+        self, nodes: int, group: str | None = ..., *, wait: bool = ...
+    ) -> bool: ...
+    async def adapt_or_ask(
+        self,
+        minimum: int | None = ...,
+        maximum: int | None = ...,
+        *,
+        off: bool = ...,
+        idle_timeout: float | None = ...,
+        max_pending: int | None = ...,
+        group: str | None = ...,
+    ) -> tuple[AdaptSettings | None, bool]: ...
 
 
 class MakeElastic(Protocol):

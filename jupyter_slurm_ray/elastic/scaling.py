@@ -265,6 +265,46 @@ class Elastic:
                 "%s: a scale request to %s nodes failed: %s", self.host.spec.name, nodes, exc
             )
 
+    # -- the owner applies, anyone else asks: the one place of that rule -----------------------
+    async def scale_or_ask(
+        self, nodes: int, group: str | None = None, *, wait: bool = True
+    ) -> bool:
+        """Scale (its owner, True) or ask its owner to (any other process: a ``scale_request``
+        event it applies; False). Every front door scales through this."""
+        if self.host.owned_here:
+            await self.scale(nodes, group=group, wait=wait)
+            return True
+        await self.request_scale(nodes, group)
+        return False
+
+    async def adapt_or_ask(
+        self,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        *,
+        off: bool = False,
+        idle_timeout: float | None = None,
+        max_pending: int | None = None,
+        group: str | None = None,
+    ) -> tuple[AdaptSettings | None, bool]:
+        """Adapt, or stop adapting (``off``): its owner (True), or any other process by asking
+        the owner (an ``adapt_request`` event; False). The settings in force or asked for
+        (None: off). Every front door adapts through this."""
+        if not self.host.owned_here:
+            if group not in (None, DEFAULT_GROUP):
+                raise SpecError("group", group, "'default' when asking the owner (scale others)")
+            asked = await self.request_adapt(
+                minimum, maximum, off=off, idle_timeout=idle_timeout, max_pending=max_pending
+            )
+            return asked, False
+        if off:
+            await self.stop_adapting()
+            return None, True
+        settings = await self.adapt(
+            minimum, maximum, idle_timeout=idle_timeout, max_pending=max_pending, group=group
+        )
+        return settings, True
+
     # -- adapting (the loop: adapt.py) ------------------------------------------------------
     async def adapt(
         self,

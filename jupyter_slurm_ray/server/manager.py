@@ -230,19 +230,12 @@ class ClusterManager:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can adapt")
         low, high = body.get("minimum"), body.get("maximum")
         idle, pending = body.get("idle_timeout"), body.get("max_pending")
-        cluster = self._owned(cluster_id)
-        if cluster is not None and off:
-            await cluster.stop_adapting_async()
-        elif cluster is not None:
-            await cluster.adapt_async(low, high, idle_timeout=idle, max_pending=pending)
-        else:
-            transport = self.transports.for_target(record.target)
-            other = self._from_record(record, transport)
-            await other.request_adapt_async(
-                low, high, idle_timeout=idle, max_pending=pending, off=off
-            )
+        cluster = self._held_or_from(record)
+        _, applied = await cluster.adapt_or_ask_async(
+            low, high, off=off, idle_timeout=idle, max_pending=pending
+        )
         self.inventory.expire()
-        return self.view(await self._entry(cluster_id)), cluster is not None
+        return self.view(await self._entry(cluster_id)), applied
 
     async def scale(self, cluster_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         """Scale an active cluster to ``{"nodes": N}`` Ray nodes in all: (its view, applied).
@@ -259,18 +252,13 @@ class ClusterManager:
         record = entry.record
         if record is None or not entry.active or not record.job_id:
             raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be scaled")
-        cluster = self._owned(cluster_id)
-        if cluster is not None:
-            await cluster.scale_async(count, group=group, wait=False)
-        else:
-            transport = self.transports.for_target(record.target)
-            other = self._from_record(record, transport)
-            await other.request_scale_async(count, group)
-        log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if cluster else "asked")
+        cluster = self._held_or_from(record)
+        applied = await cluster.scale_or_ask_async(count, group, wait=False)
+        log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if applied else "asked")
         self.inventory.expire()
         view = self.view(await self._entry(cluster_id))
-        view["under_way"] = bool(cluster is not None and cluster.workers.draining())
-        return view, cluster is not None
+        view["under_way"] = applied and bool(cluster.workers.draining())
+        return view, applied
 
     async def take_over(self, cluster_id: str) -> dict[str, Any]:
         """Make this server the owner of an active cluster: it keeps its lease, applies its
@@ -293,6 +281,13 @@ class ClusterManager:
             log.info("took over cluster %s (job %s) from %s", cluster_id, record.job_id, previous)
         self.inventory.expire()
         return self.view(await self._entry(cluster_id))
+
+    def _held_or_from(self, record: ClusterRecord) -> SlurmRayCluster:
+        """The cluster this server owns, else one made from its record (which asks its owner)."""
+        owned = self._owned(record.id)
+        if owned is not None:
+            return owned
+        return self._from_record(record, self.transports.for_target(record.target))
 
     def owns(self, cluster_id: str) -> bool:
         """This server owns the cluster (created or took it over, not taken over since)."""

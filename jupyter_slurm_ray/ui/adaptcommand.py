@@ -20,24 +20,13 @@ def adapt_command(session: Session, args: argparse.Namespace) -> list[str]:
         raise SlurmRayError("adapt: give --maximum N (and --minimum N), or --off")
     cluster = session.find(args.name)
     name = cluster.spec.name
-    if not cluster.owned_here:
-        if args.group not in (None, "default"):
-            raise SlurmRayError("adapt: --group: 'default' (scale other groups with scale)")
-        settings = cluster.request_adapt(
-            args.minimum, args.maximum, idle_timeout=args.idle, max_pending=args.max_pending,
-            off=args.off,
-        )  # fmt: skip
+    settings, applied = cluster.adapt_or_ask(
+        args.minimum, args.maximum, off=args.off, idle_timeout=args.idle,
+        max_pending=args.max_pending, group=args.group,
+    )  # fmt: skip
+    if not applied:
         what = settings.describe() if settings else "adaptive scaling off"
         return [f"{name}: {what}: asked of its owner (it applies it)"]
-    if args.off:
-        cluster.stop_adapting()
+    if settings is None:
         return [f"{name}: adaptive scaling off (its worker jobs stay)"]
-    settings = cluster.adapt(
-        args.minimum,
-        args.maximum,
-        idle_timeout=args.idle,
-        max_pending=args.max_pending,
-        group=args.group,
-    )
-    assert settings is not None
     return [f"{name}: {settings.describe()}"]

@@ -78,14 +78,15 @@ def scale(
         checked_name("group", group)
     cluster = session.find(name)
     of = f" of group {group}" if group else ""
-    if cluster.owned_here:
-        status = cluster.scale(count, group=group)
-        pending = status.worker_jobs_pending
-        waiting = f"; {len(pending)} worker job(s) pending" if pending else ""
-        line = f"{cluster.spec.name}: {status.nodes_joined}/{status.nodes_wanted} nodes{waiting}"
-        return [line + (f" (group {group}: {count} wanted)" if group else "")]
-    cluster.request_scale(count, group)
-    return [f"{cluster.spec.name}: scaling to {count} nodes{of} asked of its owner (it applies it)"]
+    if not cluster.scale_or_ask(count, group):
+        return [
+            f"{cluster.spec.name}: scaling to {count} nodes{of} asked of its owner (it applies it)"
+        ]
+    status = cluster.status
+    pending = status.worker_jobs_pending
+    waiting = f"; {len(pending)} worker job(s) pending" if pending else ""
+    line = f"{cluster.spec.name}: {status.nodes_joined}/{status.nodes_wanted} nodes{waiting}"
+    return [line + (f" (group {group}: {count} wanted)" if group else "")]
 
 
 def extend(session: Session, name: str | None, amount: str) -> list[str]:

@@ -155,11 +155,7 @@ class SlurmRayMagics(Magics):
         cluster = self.session.new_cluster(spec)
         progress = self._show_live(cluster)
         try:
-            try:
-                cluster.up(wait=False, connect=not args.no_connect)
-            except SlurmRayError:
-                cluster.registry.delete(cluster.id)  # nothing was submitted: leave no record
-                raise
+            cluster.up(wait=False, connect=not args.no_connect)  # nothing queued: no record left
             self.session.adopt(cluster)
             if args.detach:
                 cluster.detach()

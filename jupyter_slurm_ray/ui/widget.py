@@ -27,7 +27,7 @@ from ..session import Session, get_session
 from ..slurm.accounting import Accounting, load_accounting
 from ..slurm.client import SlurmClient
 from ..slurm.memorypolicy import MemoryPolicy, load_memory_policy
-from ..slurm.sitecheck import check_spec, describe_partition
+from ..slurm.sitecheck import check_spec, check_with_slurm, describe_partition
 from ..spec import ClusterSpec
 from ..states import State, Status
 from .live import StatusView
@@ -313,18 +313,14 @@ class ClusterPanel(widgets.VBox):
         if target < cluster.spec.nodes:
             self._note(f"{cluster.spec.name} has only its own allocation left to keep")
             return
-        if cluster.owned_here:
-            self._run(cluster.scale_async(target))
-        else:
-            self._run(cluster.request_scale_async(target))
+        self._run(cluster.scale_or_ask_async(target))
         self._note(f"scaling {cluster.spec.name} to {target} nodes")
 
     async def _up(self, cluster: SlurmRayCluster) -> None:
-        try:
-            await cluster.up_async(wait=False)
-        except SlurmRayError:
-            cluster.registry.delete(cluster.id)  # nothing was submitted: leave no record
-            raise
+        checked = await check_with_slurm(cluster.spec, cluster.transport)  # as the magic does
+        for note in checked.notes:
+            self._note(f"note: {note}")
+        await cluster.up_async(wait=False)  # nothing queued: no record left
         if cluster.id in self._stop_requested:  # Stop was clicked during the submit
             await cluster.down_async()
             return

@@ -290,14 +290,10 @@ def test_the_magic_command_passes_the_settings_and_off():
 
     class Cluster:
         spec = _Spec()
-        owned_here = True  # this kernel's cluster
 
-        def adapt(self, *args, **kwargs):
+        def adapt_or_ask(self, *args, **kwargs):  # this kernel's cluster: applied here
             calls.append((args, kwargs))
-            return AdaptSettings(1, 3, 60.0, 2)
-
-        def stop_adapting(self):
-            calls.append("off")
+            return (None if kwargs["off"] else AdaptSettings(1, 3, 60.0, 2)), True
 
     class Session:
         def find(self, name):
@@ -311,8 +307,9 @@ def test_the_magic_command_passes_the_settings_and_off():
     assert adapt_command(Session(), args) == ["ray: " + AdaptSettings(1, 3, 60.0, 2).describe()]
     # what the command leaves unset, the cluster fills in from the configuration (one place
     # for every path: tests/fast/test_scaling_interfaces.py)
-    assert calls[-1] == (("1", "3"), {"idle_timeout": None, "max_pending": None, "group": None})
+    unset = {"idle_timeout": None, "max_pending": None, "group": None}
+    assert calls[-1] == (("1", "3"), {"off": False, **unset})
     assert adapt_command(Session(), parse("adapt ray --off"))[0].startswith("ray: adaptive")
-    assert calls[-1] == "off"
+    assert calls[-1] == ((None, None), {"off": True, **unset})
     with pytest.raises(Exception, match="give --maximum N"):
         adapt_command(Session(), parse("adapt ray --minimum 1"))

@@ -152,6 +152,21 @@ def test_a_missing_walltime_says_how_to_give_one(run, slurm, name):
     assert nothing_submitted(slurm, name)
 
 
+def test_a_refused_submit_leaves_no_record_and_an_unknown_outcome_keeps_it_for_gc(
+    run, slurm, transport, name
+):
+    """The cluster's own rule, the same behind every front door: nothing queued, nothing
+    kept; sbatch's answer lost and Slurm silent about it, the record stays for ``gc``."""
+    transport.hang_before = "sbatch"  # it never ran, as the lookup by tag finds
+    _, err, _ = run(f"%slurm_ray up --name {name} --no-connect")
+    assert "no job was queued" in one_line_error(err) and nothing_submitted(slurm, name)
+    transport.hang_before, transport.hang_after = "squeue", "sbatch"  # queued, Slurm silent
+    _, err, _ = run(f"%slurm_ray up --name {name} --no-connect")
+    assert "no clear outcome" in one_line_error(err) and "its record is kept" in err
+    (kept,) = [r for r in Registry().all() if r.name == name]
+    assert kept.job_id is None and len(slurm.jobs) == 1  # gc finds the job by its tag
+
+
 def test_config_shows_each_setting_and_its_source(run, slurm):
     run('%config SlurmRay.time = "2:00:00"')
     out, _, error = run("%slurm_ray config -N 2")
