@@ -40,12 +40,14 @@ class State(str, enum.Enum):
 
     @property
     def is_up(self) -> bool:
-        return self in (State.READY, State.CONNECTED, State.DEGRADED)
+        return self in UP
 
     def __str__(self) -> str:
         return self.value
 
 
+#: up: Ray runs (the labextension's copy of these groups: labextension/src/states.ts)
+UP = frozenset({State.READY, State.CONNECTED, State.DEGRADED})
 FINAL = frozenset(
     {
         State.STOPPED,

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from ..bootstrap.jsr_wire import Event
@@ -33,7 +33,7 @@ from ..job.directory import JobDir
 from ..naming import is_cluster_id
 from ..ownership import live_owner
 from ..registry import ClusterRecord, Registry
-from ..slurm.queueinfo import queue_insight
+from ..slurm.queueinfo import QueueInsight, queue_insight
 from ..slurm.schedulers import scheduler_of
 from ..slurm.sitecheck import check_with_slurm
 from ..slurm.usage import Usage, fetch_usages
@@ -43,8 +43,14 @@ from ..spec.groups import checked_name
 from ..states import Status, status_of_record
 from ..targets import Transports
 from ..transport import Transport
-from ..ui.formatting import usage_summary
-from .views import ClusterView, ConnectionView, UnreadableView, WalltimeAndQueueView
+from .views import (
+    ClusterView,
+    ConnectionView,
+    QueueView,
+    UnreadableView,
+    WalltimeAndQueueView,
+    WorkerJobView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +128,7 @@ class ClusterManager:
             return view
         known = (await self._usages([entry])).get(entry.id)
         if known is not None:
-            view["usage"] = {**known.to_dict(), "summary": usage_summary(known)}
+            view["usage"] = known.to_dict()
         job_dir = JobDir(self.transports.for_target(record.target), record.job_dir)
         view["events"] = await _recent_events(job_dir, events)
         if any(e.get("event") == Event.WALLTIME_WARNING for e in view["events"]):  # the job's word
@@ -482,9 +488,15 @@ def _connection(record: ClusterRecord, status: Status) -> ConnectionView:
     }
 
 
-def _worker_jobs(record: ClusterRecord) -> list[dict[str, Any]]:
+def _worker_jobs(record: ClusterRecord) -> list[WorkerJobView]:
     """The worker jobs (scaling) Slurm may still run: job id, Slurm's state and reason, node."""
-    return [asdict(job) for job in status_of_record(record).worker_jobs]
+    return [
+        WorkerJobView(
+            job_id=job.job_id, state=job.state, reason=job.reason, host=job.host,
+            joined=job.joined, estimated_start=job.estimated_start, group=job.group,
+        )
+        for job in status_of_record(record).worker_jobs
+    ]  # fmt: skip
 
 
 def _walltime_and_queue(record: ClusterRecord, status: Status) -> WalltimeAndQueueView:
@@ -501,7 +513,7 @@ def _walltime_and_queue(record: ClusterRecord, status: Status) -> WalltimeAndQue
         "partition": partition,
         "account": spec.get("account") if isinstance(spec.get("account"), str) else None,
         "qos": spec.get("qos") if isinstance(spec.get("qos"), str) else None,
-        "queue": queue.to_dict() if queue is not None else None,
+        "queue": _queue_view(queue) if queue is not None else None,
         "extendable": not status.state.is_final and bool(record.job_id),
     }
 
@@ -512,3 +524,12 @@ async def _recent_events(job_dir: JobDir, count: int) -> list[dict]:
     except SlurmRayError as exc:
         log.warning("reading the events of %s failed: %s", job_dir.path, exc)
         return []
+
+
+def _queue_view(queue: QueueInsight) -> QueueView:
+    start = queue.estimated_start
+    return QueueView(
+        reason=queue.reason, meaning=queue.meaning, action=queue.action,
+        never_starts=queue.never_starts, hint=queue.hint,
+        estimated_start=start.isoformat() if start else None,
+    )  # fmt: skip

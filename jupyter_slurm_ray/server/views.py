@@ -10,7 +10,7 @@ No ``from __future__ import annotations`` here: on Python < 3.12 it hides which 
 optional from ``__optional_keys__``.
 """
 
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 
 class ObserverView(TypedDict):
@@ -18,6 +18,55 @@ class ObserverView(TypedDict):
 
     pid: int
     host: str
+
+
+class QueueView(TypedDict):
+    """A pending cluster's queue insight (``slurm/queueinfo.py``'s ``QueueInsight.to_dict``)."""
+
+    reason: str
+    meaning: str
+    action: str | None
+    never_starts: bool
+    hint: str | None
+    estimated_start: str | None  # ISO 8601
+
+
+class _WorkerJobFacts(TypedDict):
+    job_id: str
+    state: str
+    reason: str | None
+    host: str | None
+    joined: bool
+
+
+class WorkerJobView(_WorkerJobFacts, total=False):
+    """One worker job (``states.WorkerJobStatus``, every field sent; the labextension reads the
+    last two as optional)."""
+
+    estimated_start: str | None
+    group: str
+
+
+class _UsageFigures(TypedDict):
+    available: bool
+    final: bool
+    cpu_hours: float
+    gpu_hours: float
+    cpu_efficiency: float | None
+    max_rss: int | None
+
+
+class UsageView(_UsageFigures, total=False):
+    """What a cluster's jobs used (``slurm/usage.py``'s ``Usage``): the listing sends the
+    figures (``compact``), one cluster's details all of it (``to_dict``). Figures only: the
+    notebook and the labextension make the words."""
+
+    unavailable: str | None
+    job_ids: list[str]
+    elapsed: float
+    cpu_used_seconds: float
+    max_rss_by_node: dict[str, int]
+    max_rss_node: str | None
 
 
 class WalltimeAndQueueView(TypedDict):
@@ -28,7 +77,7 @@ class WalltimeAndQueueView(TypedDict):
     partition: str | None
     account: str | None
     qos: str | None
-    queue: dict[str, Any] | None  # queueinfo.QueueInsight.to_dict()
+    queue: QueueView | None
     extendable: bool
 
 
@@ -46,7 +95,7 @@ class AddedToView(TypedDict, total=False):
     #: Added by the REST handlers (the view itself has no base URL).
     dashboard_url: str
     #: In the listing with ``?usage=true`` (compact) and in one cluster's details (full).
-    usage: dict[str, Any] | None
+    usage: UsageView | None
 
 
 class ClusterView(WalltimeAndQueueView, ConnectionView, AddedToView):
@@ -65,7 +114,7 @@ class ClusterView(WalltimeAndQueueView, ConnectionView, AddedToView):
     nodes_wanted: int
     nodes_joined: int
     nodes_lost: list[str]
-    worker_jobs: list[dict[str, Any]]  # states.WorkerJobStatus as a dict
+    worker_jobs: list[WorkerJobView]
     scaling: list[str]
     gpus_per_node: int
     time_limit: int | None

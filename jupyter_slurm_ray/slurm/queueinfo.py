@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,16 +77,6 @@ class QueueInsight:
     def short(self) -> str:
         """``Resources: the nodes it needs are busy``."""
         return f"{self.reason}: {self.meaning}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "meaning": self.meaning,
-            "action": self.action,
-            "never_starts": self.never_starts,
-            "hint": self.hint,
-            "estimated_start": self.estimated_start.isoformat() if self.estimated_start else None,
-        }
 
 
 def explain_reason(reason: str) -> tuple[str, str | None, bool]:

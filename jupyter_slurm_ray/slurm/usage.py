@@ -67,7 +67,8 @@ class Usage:
         return node, self.max_rss_by_node[node]
 
     def to_dict(self) -> dict[str, Any]:
-        """What the REST API shows (``summary`` is the one line the notebook prints)."""
+        """What the REST API shows: the figures (the words are the notebook's and the
+        labextension's)."""
         peak = self.max_rss
         return {
             "available": self.available,

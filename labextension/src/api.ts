@@ -119,8 +119,6 @@ export interface IUsage {
   cpu_used_seconds?: number;
   max_rss_by_node?: Record<string, number>;
   max_rss_node?: string | null;
-  /** `used 0.1 CPU-hours, 0 GPU-hours, CPU efficiency 34 %, max RSS 1.2 GiB on node1`. */
-  summary?: string;
 }
 
 /** The listing, with the time Slurm was last asked. */

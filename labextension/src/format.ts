@@ -2,7 +2,8 @@
  * How cluster facts read in the sidebar: durations, states, owner, lost nodes. Pure functions:
  * type-only imports here, so they are tested without JupyterLab.
  */
-import type { ICluster, IWorkerJob } from './api';
+import type { ICluster, IUsage, IWorkerJob } from './api';
+import { BUSY, FINAL, UP } from './states';
 
 /** `1:02:03` from seconds; `—` when unknown. */
 export function hms(seconds: number | null | undefined): string {
@@ -55,18 +56,6 @@ export function nodesLostText(cluster: ICluster): string | null {
   const lost = Array.isArray(cluster.nodes_lost) ? cluster.nodes_lost : [];
   return lost.length ? `${lost.join(', ')} lost` : null;
 }
-
-const UP = new Set(['READY', 'CONNECTED', 'DEGRADED']);
-const BUSY = new Set(['SUBMITTING', 'PENDING', 'STARTING', 'STOPPING']);
-const FINAL = new Set([
-  'STOPPED',
-  'FAILED',
-  'TIMEOUT',
-  'CANCELLED',
-  'PREEMPTED',
-  'NODE_FAIL',
-  'OUT_OF_MEMORY'
-]);
 
 /** A CSS modifier for the state badge: up, busy, ended or failed. */
 /**
@@ -226,6 +215,42 @@ export function usageShort(cluster: ICluster): string | null {
   return parts.join(' · ');
 }
 
+/**
+ * The details' usage line, from the figures: `used 0.1 CPU-hours, 0 GPU-hours, CPU efficiency
+ * 34 %, max RSS 1.2 GiB on node1`, or what is unavailable and why (the notebook says the same
+ * in its words: ui/formatting.py's usage_summary).
+ */
+export function usageSummary(usage: IUsage): string {
+  if (!usage.available) {
+    return `usage unavailable: ${usage.unavailable ?? 'no accounting'}`;
+  }
+  const parts = [
+    `used ${hoursText(usage.cpu_hours)} CPU-hours`,
+    `${hoursText(usage.gpu_hours)} GPU-hours`
+  ];
+  const efficiency = usage.cpu_efficiency;
+  if (typeof efficiency === 'number') {
+    parts.push(`CPU efficiency ${Math.round(efficiency * 100)} %`);
+  }
+  const peak = usage.max_rss;
+  if (typeof peak === 'number') {
+    parts.push(
+      `max RSS ${bytesText(peak)}${usage.max_rss_node ? ` on ${usage.max_rss_node}` : ''}`
+    );
+  }
+  if (!usage.final) {
+    const soFar = typeof usage.elapsed === 'number' ? `in ${hms(usage.elapsed)} so far` : 'so far';
+    parts.push(`${soFar} (efficiency and memory when it ends)`);
+  } else if (typeof efficiency !== 'number' || typeof peak !== 'number') {
+    const missing = [
+      typeof efficiency !== 'number' ? 'CPU efficiency' : null,
+      typeof peak !== 'number' ? 'max RSS' : null
+    ].filter(Boolean);
+    parts.push(`${missing.join(' and ')} not recorded by Slurm`);
+  }
+  return parts.join(', ');
+}
+
 /** `YYYY-MM-DD HH:MM` (local time) of an ISO timestamp from Slurm; null when there is none. */
 export function startText(iso: string | null | undefined): string | null {
   if (!iso) {
@@ -301,7 +326,7 @@ export function detailRows(cluster: ICluster, leftNow: number | null): Array<[st
   }
   const usage = cluster.usage;
   if (usage) {
-    rows.push(['Usage', usage.summary ?? usageShort(cluster) ?? '—']);
+    rows.push(['Usage', usageSummary(usage)]);
     if (usage.available) {
       rows.push(['CPU-hours allocated', hoursText(usage.cpu_hours)]);
       rows.push(['GPU-hours allocated', hoursText(usage.gpu_hours)]);

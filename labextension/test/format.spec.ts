@@ -1,4 +1,4 @@
-import type { ICluster } from '../src/api';
+import type { ICluster, IUsage } from '../src/api';
 import {
   canForget,
   connectionText,
@@ -12,7 +12,8 @@ import {
   timeLeftNow,
   recentTitle,
   unreachableText,
-  unreadableText
+  unreadableText,
+  usageSummary
 } from '../src/format';
 
 /** A cluster as an older server lists it: none of the newer fields. */
@@ -175,5 +176,45 @@ describe('liveThenEnded', () => {
     const { live, ended } = liveThenEnded([cluster({ id: 'x' })]);
     expect(live).toHaveLength(1);
     expect(ended).toHaveLength(0);
+  });
+});
+
+describe('usageSummary: the details words its figures as the notebook does', () => {
+  const figures: IUsage = {
+    available: true,
+    final: true,
+    cpu_hours: 0.1,
+    gpu_hours: 0,
+    cpu_efficiency: 0.34,
+    max_rss: 1288490188.8,
+    max_rss_node: 'node1'
+  };
+
+  it('says what was used, how well, and where memory peaked', () => {
+    expect(usageSummary(figures)).toBe(
+      'used 0.1 CPU-hours, 0 GPU-hours, CPU efficiency 34 %, max RSS 1.2 GiB on node1'
+    );
+  });
+
+  it('says what is still to come while the jobs run', () => {
+    const running = { ...figures, final: false, cpu_efficiency: null, max_rss: null, elapsed: 64 };
+    expect(usageSummary(running)).toBe(
+      'used 0.1 CPU-hours, 0 GPU-hours, in 0:01:04 so far (efficiency and memory when it ends)'
+    );
+  });
+
+  it('names what Slurm did not record once they ended', () => {
+    expect(usageSummary({ ...figures, max_rss: null })).toBe(
+      'used 0.1 CPU-hours, 0 GPU-hours, CPU efficiency 34 %, max RSS not recorded by Slurm'
+    );
+  });
+
+  it('says why there is none', () => {
+    const none = {
+      ...figures,
+      available: false,
+      unavailable: 'local mode has no Slurm accounting'
+    };
+    expect(usageSummary(none)).toBe('usage unavailable: local mode has no Slurm accounting');
   });
 });

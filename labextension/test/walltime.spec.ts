@@ -117,13 +117,16 @@ describe('detailRows', () => {
   it('shows the walltime and the usage per node', () => {
     const full = {
       ...USAGE,
-      summary: 'used 0.022 CPU-hours',
-      max_rss_by_node: { node1: 1288490188 }
+      max_rss_by_node: { node1: 1288490188 },
+      max_rss_node: 'node1'
     };
     const rows = detailRows(cluster({ walltime_warning: true, usage: full, qos: 'short' }), 50);
     expect(rows).toContainEqual(['Walltime left', '0:00:50 of 0:10:00 — almost over']);
     expect(rows).toContainEqual(['Charged to', 'QOS short']);
-    expect(rows).toContainEqual(['Usage', 'used 0.022 CPU-hours']);
+    expect(rows).toContainEqual([
+      'Usage',
+      'used 0.022 CPU-hours, 2 GPU-hours, CPU efficiency 34 %, max RSS 1.2 GiB on node1'
+    ]); // worded here, from the figures
     expect(rows).toContainEqual(['CPU efficiency', '34 %']);
     expect(rows).toContainEqual(['Max RSS on node1', '1.2 GiB']);
   });

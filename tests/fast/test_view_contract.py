@@ -1,7 +1,9 @@
 """The labextension's ``ICluster`` (``labextension/src/api.ts``) and the REST view's typed
 definition (``server/views.py``) describe the same fields: none on one side only, the same
 optionality (``field?:`` there, a ``total=False`` key here), and the same nullability
-(``| null`` there, ``None`` admitted here)."""
+(``| null`` there, ``None`` admitted here); so do the records inside it (worker jobs, queue
+insight, usage), whose figures are what the server sends. The labextension's state groups
+(``labextension/src/states.ts``) are ``states.py``'s."""
 
 from __future__ import annotations
 
@@ -12,9 +14,19 @@ from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
-from jupyter_slurm_ray.server.views import ClusterView, UnreadableView
+from jupyter_slurm_ray.server.views import (
+    ClusterView,
+    QueueView,
+    UnreadableView,
+    UsageView,
+    WorkerJobView,
+)
+from jupyter_slurm_ray.slurm.usage import Usage
+from jupyter_slurm_ray.states import FINAL, UP, State
 
 API_TS = Path(__file__).parents[2] / "labextension" / "src" / "api.ts"
+STATES_TS = API_TS.parent / "states.ts"
+RECORDS = [(WorkerJobView, "IWorkerJob"), (QueueView, "IQueueInsight"), (UsageView, "IUsage")]
 
 _COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _FIELD = re.compile(r"^\s*(\w+)(\?)?\s*:\s*(.+?);?\s*$")
@@ -97,3 +109,30 @@ export interface ICluster {
     assert list(fields) == ["id", "notice", "nodes"]
     assert [fields[n].optional for n in fields] == [False, True, False]
     assert [fields[n].nullable for n in fields] == [False, True, False]
+
+
+@pytest.mark.parametrize(("view", "interface"), RECORDS, ids=[i for _, i in RECORDS])
+def test_the_records_in_a_view_are_the_same_on_both_sides(view, interface):
+    fields = interface_fields(API_TS.read_text(), interface)
+    hints = get_type_hints(view)
+    assert sorted(hints) == sorted(fields), f"{view.__name__} and {interface}"
+    assert sorted(view.__optional_keys__) == sorted(n for n, f in fields.items() if f.optional)
+    nullable = {name for name, hint in hints.items() if admits_none(hint)}
+    assert sorted(nullable) == sorted(n for n, f in fields.items() if f.nullable)
+
+
+def test_the_usage_the_server_sends_is_the_usage_view():
+    usage = Usage(("7",), final=True, elapsed=60, cpu_seconds=120, max_rss_by_node={"n1": 5})
+    assert sorted(usage.to_dict()) == sorted(get_type_hints(UsageView))  # one cluster's details
+    assert sorted(usage.compact()) == sorted(UsageView.__required_keys__)  # the listing's
+
+
+def test_the_labextensions_state_groups_are_the_servers():
+    source = STATES_TS.read_text()
+    groups = {
+        name: set(re.findall(r"'([A-Z_]+)'", body))
+        for name, body in re.findall(r"export const (\w+) = new Set\(\[(.*?)\]\)", source, re.S)
+    }
+    assert groups["UP"] == {state.value for state in UP}
+    assert groups["FINAL"] == {state.value for state in FINAL}
+    assert groups["BUSY"] == {state.value for state in State} - groups["UP"] - groups["FINAL"]
