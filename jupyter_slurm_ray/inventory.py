@@ -41,7 +41,6 @@ __all__ = [
     "Inventory",
     "Orphan",
     "find_orphans",
-    "format_table",
     "kept_by_their_owners",
     "reconcile",
 ]
@@ -263,44 +262,6 @@ class Inventory:
 def _unreadable_entry(item: Unreadable) -> Entry:
     status = Status(State.FAILED, reason=f"unreadable record: {item.error}")
     return Entry(item.id, None, status, error=item.error)
-
-
-def format_table(entries: Sequence[Entry], *, ended: bool = False) -> str:
-    """A plain-text table: live clusters first; the ended ones folded into one line (``ended``:
-    listed under them, as "recent")."""
-    if not entries:
-        return "no clusters"
-    live = [e for e in entries if e.record is None or not e.status.state.is_final]
-    gone = [e for e in entries if e not in live]
-    lines = [_rows(live)] if live else ["no live clusters"]
-    if gone and ended:
-        lines += ["", f"recent ({len(gone)} ended):", _rows(gone)]
-    elif gone:
-        lines.append(f"recent: {len(gone)} ended (list --all shows them)")
-    return "\n".join(lines)
-
-
-def _rows(entries: Sequence[Entry]) -> str:
-    header = ("NAME", "ID", "JOB", "STATE", "NODES", "OWNER", "WHERE")
-    rows = [header]
-    notes = []
-    for e in entries:
-        r = e.record
-        if r is None:
-            rows.append(("?", e.id, "-", e.state, "-", "?", "-"))
-            notes.append(f"{e.id}: unreadable record: {e.error}")
-            continue
-        nodes = f"{e.status.nodes_joined}/{r.nodes_wanted}"
-        state = e.state + (" (Slurm silent)" if e.status.slurm_unreachable_since else "")
-        rows.append((r.name, r.id, r.job_id or "-", state, nodes, e.owner, r.target))
-        if e.error:
-            notes.append(f"{e.id}: {e.error}")
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-    table = "\n".join(
-        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-    return "\n".join([table, *notes])
 
 
 # -- orphans ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from ..aio import run_sync
 from ..config import resolve_spec
 from ..elastic.workerjobs import checked_node_count
 from ..errors import SlurmRayError, SlurmUnavailable
-from ..inventory import Entry, Orphan, find_orphans, format_table, kept_by_their_owners
+from ..inventory import Entry, Orphan, find_orphans, kept_by_their_owners
 from ..job import packs, retention
 from ..job.directory import probe_site
 from ..naming import is_cluster_id
@@ -21,7 +21,7 @@ from ..slurm.client import SlurmClient
 from ..slurm.walltime import parse_extension
 from ..spec.groups import checked_name
 from ..transport import LocalTransport, Transport
-from .formatting import extension_line, format_bytes, status_line
+from .formatting import extension_line, format_bytes, format_table, status_line
 
 if TYPE_CHECKING:
     from ..doctor.checklist import Report

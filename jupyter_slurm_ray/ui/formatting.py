@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..inventory import Entry
 from ..naming import DASHBOARD_BASE_ENV
 from ..slurm.queueinfo import QueueInsight, queue_insight
 from ..slurm.walltime import warning_due
@@ -25,6 +26,7 @@ __all__ = [
     "extension_line",
     "format_bytes",
     "format_duration",
+    "format_table",
     "scaling_text",
     "spec_status_line",
     "status_line",
@@ -225,3 +227,42 @@ def spec_status_line(status: Status, spec: ClusterSpec, *, since: float | None =
     queue = queue_insight(status, partition=spec.partition, nodes=spec.nodes)
     warning = warning_due(status, spec.walltime_warning)
     return status_line(status, since=since, queue=queue, warning=warning)
+
+
+# -- the list of clusters (`%slurm_ray list`, `jupyter slurm-ray list`) ---------------------
+def format_table(entries: Sequence[Entry], *, ended: bool = False) -> str:
+    """A plain-text table: live clusters first; the ended ones folded into one line (``ended``:
+    listed under them, as "recent")."""
+    if not entries:
+        return "no clusters"
+    live = [e for e in entries if e.record is None or not e.status.state.is_final]
+    gone = [e for e in entries if e not in live]
+    lines = [_rows(live)] if live else ["no live clusters"]
+    if gone and ended:
+        lines += ["", f"recent ({len(gone)} ended):", _rows(gone)]
+    elif gone:
+        lines.append(f"recent: {len(gone)} ended (list --all shows them)")
+    return "\n".join(lines)
+
+
+def _rows(entries: Sequence[Entry]) -> str:
+    header = ("NAME", "ID", "JOB", "STATE", "NODES", "OWNER", "WHERE")
+    rows = [header]
+    notes = []
+    for e in entries:
+        r = e.record
+        if r is None:
+            rows.append(("?", e.id, "-", e.state, "-", "?", "-"))
+            notes.append(f"{e.id}: unreadable record: {e.error}")
+            continue
+        nodes = f"{e.status.nodes_joined}/{r.nodes_wanted}"
+        state = e.state + (" (Slurm silent)" if e.status.slurm_unreachable_since else "")
+        rows.append((r.name, r.id, r.job_id or "-", state, nodes, e.owner, r.target))
+        if e.error:
+            notes.append(f"{e.id}: {e.error}")
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    table = "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+    return "\n".join([table, *notes])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from jupyter_slurm_ray.inventory import Inventory, format_table
+from jupyter_slurm_ray.inventory import Inventory
 from jupyter_slurm_ray.naming import job_comment
 from jupyter_slurm_ray.registry import ClusterRecord
 from jupyter_slurm_ray.targets import Transports
+from jupyter_slurm_ray.ui.formatting import format_table
 
 from ..helpers.fakeslurm import FakeJob
 

@@ -16,7 +16,6 @@ from jupyter_slurm_ray.inventory import (
     Entry,
     Inventory,
     find_orphans,
-    format_table,
     kept_by_their_owners,
 )
 from jupyter_slurm_ray.naming import job_comment
@@ -25,6 +24,7 @@ from jupyter_slurm_ray.registry import ClusterRecord, Registry
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.states import status_of_record
 from jupyter_slurm_ray.targets import Transports
+from jupyter_slurm_ray.ui.formatting import format_table
 
 from ..helpers.fakeslurm import FakeJob
 
