@@ -4,10 +4,20 @@ describes the job dir."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 
 from jsr_wire import Run
+
+
+def _warned_early(_signum: int, _frame: object) -> None:
+    """Slurm's walltime warning before the node's handlers (noderun.py), which count it."""
+    os.environ["JSR_WALLTIME_WARNED"] = "1"
+
+
+signal.signal(signal.SIGUSR1, _warned_early)  # first: the job script ignores it until now
 
 HELP = """\
 Start, watch and stop a Ray cluster inside a Slurm allocation.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -42,6 +43,8 @@ class SignalFlags:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             signal.signal(signum, self._on_stop)
         signal.signal(signal.SIGUSR1, self._on_usr1)
+        if os.environ.pop("JSR_WALLTIME_WARNED", "0") == "1":  # came before (job script, __main__)
+            self.walltime_warnings += 1
         return self
 
     def _on_stop(self, signum: int, _frame: object) -> None:

@@ -226,3 +226,21 @@ def test_rays_processes_get_token_auth_and_no_grpc_fork_handlers(tmp_path: Path)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "bootstrap" / "sitepath")
     mine = Config(cluster_id="c-1", env={"GRPC_ENABLE_FORK_SUPPORT": "1"})
     assert rayargs.ray_environment(mine, tmp_path, ports)["GRPC_ENABLE_FORK_SUPPORT"] == "1"
+
+
+@pytest.mark.parametrize(("noted", "counted"), [("1", "1"), ("0", "0"), (None, "0")])
+def test_a_walltime_warning_from_before_the_node_listened_is_counted(noted, counted):
+    """The job script (or ``__main__``) noted Slurm's USR1 in ``JSR_WALLTIME_WARNED``: the
+    node's handlers count it as their own, and Ray does not inherit the variable."""
+    code = (
+        "import os, noderun; flags = noderun.SignalFlags().install(); "
+        "print(flags.walltime_warnings, 'JSR_WALLTIME_WARNED' in os.environ)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JSR_WALLTIME_WARNED"}
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR)
+    if noted is not None:
+        env["JSR_WALLTIME_WARNED"] = noted
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == [counted, "False"]
