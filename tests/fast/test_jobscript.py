@@ -484,7 +484,7 @@ JOB_DIRS = st.from_regex(r"(/[A-Za-z0-9_.+-]{1,12}){1,3}", fullmatch=True).filte
 ARGUMENTS = st.lists(st.text(max_size=20).filter(lambda t: not set(t) & set("\r\n\x00")))
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=specs(), cluster_id=CLUSTER_IDS, job_dir=JOB_DIRS, arguments=ARGUMENTS)
 def test_no_value_escapes_its_quoting(spec, cluster_id, job_dir, arguments):
     command = ["python3", *arguments]
