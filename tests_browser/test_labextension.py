@@ -13,6 +13,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,35 @@ def open_sidebar(page: Page) -> None:
 
 def card(page: Page, cluster_id: str):
     return page.locator(f'.jp-SlurmRay-cluster[data-cluster-id="{cluster_id}"]')
+
+
+def real_listing(page: Page, cluster_id: str) -> tuple[dict, dict]:
+    """The server's listing now, and the cluster's row in it."""
+    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
+    return real, next(c for c in real["clusters"] if c["id"] == cluster_id)
+
+
+@contextmanager
+def serving(page: Page, listing: dict) -> Iterator[None]:
+    """The sidebar reads ``listing`` (the test may change it) instead of the server's listing,
+    refreshed at once; the server's again, refreshed, when the block ends. Only the GETs: what
+    the buttons ask still reaches the server."""
+
+    def serve(route: Route) -> None:
+        if route.request.method == "GET":
+            route.fulfill(json=listing)
+        else:
+            route.fallback()
+
+    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
+    page.route(pattern, serve)
+    try:
+        open_sidebar(page)
+        page.locator(".jp-SlurmRay-refresh").click()
+        yield
+    finally:
+        page.unroute(pattern)
+        page.locator(".jp-SlurmRay-refresh").click()
 
 
 def test_lab_loads_with_the_extension_and_no_console_errors(page, console):
@@ -226,21 +256,9 @@ def test_a_new_listing_keeps_the_nodes_it_did_not_change(page, cluster):
     """A click landing during a refresh must reach its button: the card and its buttons stay
     the same DOM nodes across listings; a changed fact is updated in place, a button whose
     arguments changed is a new one."""
-    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
-    mine = next(c for c in real["clusters"] if c["id"] == cluster.id)
+    real, mine = real_listing(page, cluster.id)
     listing = {**real, "reconciled_at": time.time(), "clusters": [mine]}
-
-    def serve(route: Route) -> None:
-        if route.request.method == "GET":
-            route.fulfill(json=listing)
-        else:
-            route.fallback()
-
-    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
-    page.route(pattern, serve)
-    try:
-        open_sidebar(page)
-        page.locator(".jp-SlurmRay-refresh").click()
+    with serving(page, listing):
         item = card(page, cluster.id)
         expect(item.locator(".jp-SlurmRay-notice")).to_have_count(0)
         marked = [item, item.get_by_role("button", name="Copy attach")]
@@ -254,9 +272,6 @@ def test_a_new_listing_keeps_the_nodes_it_did_not_change(page, cluster):
             assert node.evaluate("node => node.jsrMark === true")
         assert scale.evaluate("node => node.jsrMark === undefined")
         assert '"nodes":3' in (scale.get_attribute("data-args") or "")
-    finally:
-        page.unroute(pattern)
-        page.locator(".jp-SlurmRay-refresh").click()
     expect(item.locator(".jp-SlurmRay-notice")).to_have_count(0)
 
 
@@ -318,8 +333,7 @@ def test_an_unreadable_record_is_a_row_with_forget_and_the_list_keeps_working(pa
 
 def test_slurm_silence_and_lost_nodes_are_shown(page, cluster, artifacts):
     """From a listing the test serves: Slurm silent for 45 s, node2 lost, a hostile record."""
-    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
-    mine = next(c for c in real["clusters"] if c["id"] == cluster.id)
+    real, mine = real_listing(page, cluster.id)
     now = time.time()
     listing = {
         **real,
@@ -329,18 +343,7 @@ def test_slurm_silence_and_lost_nodes_are_shown(page, cluster, artifacts):
             {"id": "hostile-0001", "unreadable": True, "error": "<img src=x onerror=alert(1)>"},
         ],
     }
-
-    def serve(route: Route) -> None:
-        if route.request.method == "GET":
-            route.fulfill(json=listing)
-        else:
-            route.fallback()
-
-    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
-    page.route(pattern, serve)
-    try:
-        open_sidebar(page)
-        page.locator(".jp-SlurmRay-refresh").click()
+    with serving(page, listing):
         item = card(page, cluster.id)
         silent = item.locator(".jp-SlurmRay-unreachable")
         expect(silent).to_have_text(re.compile(r"Slurm not answering for 0:4[5-9]"))
@@ -355,17 +358,13 @@ def test_slurm_silence_and_lost_nodes_are_shown(page, cluster, artifacts):
         page.locator("#jp-SlurmRay-sidebar").screenshot(
             path=str(artifacts / "labextension-slurm-silent.png")
         )
-    finally:
-        page.unroute(pattern)
-        page.locator(".jp-SlurmRay-refresh").click()
     expect(card(page, "hostile-0001")).to_have_count(0)
 
 
 def test_worker_groups_and_the_last_scaling_decision_are_shown(page, cluster, artifacts):
     """From a listing the test serves (the REST side is tests/fast): worker jobs of two groups,
     one pending with Slurm's reason and estimated start, and the decisions with their cause."""
-    real = page.request.get(page.url.split("/lab")[0] + "/slurm-ray/api/clusters").json()
-    mine = next(c for c in real["clusters"] if c["id"] == cluster.id)
+    real, mine = real_listing(page, cluster.id)
     job = {"state": "RUNNING", "reason": None, "joined": True, "estimated_start": None}
     scaled = {
         **mine,
@@ -390,11 +389,7 @@ def test_worker_groups_and_the_last_scaling_decision_are_shown(page, cluster, ar
         ],
     }
     listing = {**real, "reconciled_at": time.time(), "clusters": [scaled]}
-    pattern = re.compile(r".*/slurm-ray/api/clusters(\?.*)?$")
-    page.route(pattern, lambda route: route.fulfill(json=listing))
-    try:
-        open_sidebar(page)
-        page.locator(".jp-SlurmRay-refresh").click()
+    with serving(page, listing):
         item = card(page, cluster.id)
         expect(item.locator(".jp-SlurmRay-scaling")).to_have_text(
             "2/3 nodes alive · worker jobs: default: 1 running; "
@@ -406,9 +401,6 @@ def test_worker_groups_and_the_last_scaling_decision_are_shown(page, cluster, ar
         page.locator("#jp-SlurmRay-sidebar").screenshot(
             path=str(artifacts / "labextension-worker-groups.png")
         )
-    finally:
-        page.unroute(pattern)
-        page.locator(".jp-SlurmRay-refresh").click()
     expect(card(page, cluster.id).locator(".jp-SlurmRay-decision")).to_have_count(0)
 
 
