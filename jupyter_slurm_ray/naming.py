@@ -35,12 +35,12 @@ CAPABILITIES_SETTING = "slurm_ray_capabilities"
 #: Set by the Jupyter server extension for its kernels: the dashboard proxy's URL prefix.
 DASHBOARD_BASE_ENV = "JUPYTER_SLURM_RAY_DASHBOARD_BASE"
 
-#: The job id of a cluster's head step in its kernel's own allocation (mode 'here', see
-#: slurm/heresteps.py): ``here-<allocation>-<runner pid>``, never a Slurm job id.
-#: any scheduler's job id, as a record may hold it (each kind says which are its own: ``owns``):
-#: one word, never an option (Slurm's ``1234``, ``1234_7``, ``local-<pid>``, ``here-…``)
+#: Any scheduler's job id, as a record may hold it (each kind says which are its own: ``owns``):
+#: one word, never an option (Slurm's ``1234``, ``1234_7``, ``local-<pid>``, ``here-…``).
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}", re.ASCII)
 JOB_ID_ALLOWED = "a job id (letters, digits and _ . + -, a letter or digit first)"
+#: The job id of a cluster's head step in its kernel's own allocation (mode 'here', see
+#: slurm/heresteps.py): ``here-<allocation>-<runner pid>``, never a Slurm job id.
 HERE_JOB_ID = re.compile(r"here-([0-9]+(?:_[0-9]+)?)-([0-9]+)", re.ASCII)
 
 
