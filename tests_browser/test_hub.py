@@ -31,6 +31,7 @@ from tests.helpers.hub import (
     service,
     user_records,
 )
+from tests.helpers.sidebar import open_sidebar
 
 # scripts/run-tests: one pytest-xdist group with tests/test_hub.py and tests/test_ood.py (the
 # same hub and Apache on the login node) and the tests where bob squats ports (see there)
@@ -83,13 +84,6 @@ def server_up(page: Page, user: str) -> None:
     """After login the hub spawns the server (a Slurm job) and sends the browser to its Lab."""
     expect(page).to_have_url(re.compile(rf"/user/{user}/lab"), timeout=180_000)
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
-
-
-def open_sidebar(page: Page) -> None:
-    tab = page.locator('.lm-TabBar-tab[data-id="jp-SlurmRay-sidebar"]')
-    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-        tab.click()
-    expect(page.locator("#jp-SlurmRay-sidebar")).to_be_visible()
 
 
 @pytest.fixture(scope="module")

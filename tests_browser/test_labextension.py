@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect
 
 from tests.helpers.server import JupyterServer, jupyter_lab, start_cluster
-from tests.helpers.sidebar import open_recent
+from tests.helpers.sidebar import open_recent, open_sidebar
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +61,6 @@ def page(browser: Browser, lab: JupyterServer, console: list[str]) -> Iterator[P
     page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
     yield page
     context.close()
-
-
-def open_sidebar(page: Page) -> None:
-    tab = page.locator('.lm-TabBar-tab[data-id="jp-SlurmRay-sidebar"]')
-    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-        tab.click()
-    expect(page.locator("#jp-SlurmRay-sidebar")).to_be_visible()
 
 
 def card(page: Page, cluster_id: str):

@@ -1,9 +1,27 @@
-"""The Lab sidebar's cards in the browser tests: an ended cluster's card is folded under the
-sidebar's "Recent: N ended" group, which is opened to reach it."""
+"""The Lab sidebar in the browser tests: opening it, and its cards (an ended cluster's card is
+folded under the sidebar's "Recent: N ended" group, which is opened to reach it)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+from playwright.sync_api import expect
+
+
+def open_sidebar(page: Any, attempts: int = 3) -> None:
+    """Show the "Slurm Ray" sidebar. Clicking its tab toggles it, and the layout restorer may
+    open it between a look at the tab and the click (the click then closed it): look again."""
+    tab = page.locator('.lm-TabBar-tab[data-id="jp-SlurmRay-sidebar"]')
+    sidebar = page.locator("#jp-SlurmRay-sidebar")
+    for _ in range(attempts):
+        if sidebar.is_visible():
+            return
+        tab.click()
+        with contextlib.suppress(AssertionError):
+            expect(sidebar).to_be_visible(timeout=3000)
+            return
+    expect(sidebar).to_be_visible()
 
 
 def card(page: Any, cluster_id: str) -> Any:
