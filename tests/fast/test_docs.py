@@ -46,6 +46,8 @@ def test_the_reference_shows_every_cluster_setting_and_its_variable():
 
 def test_a_setting_without_a_description_is_named_as_missing(monkeypatch):
     from jupyter_slurm_ray import spec
+    from jupyter_slurm_ray.ui import magic_args  # noqa: F401  (imported with the real spec: it
+    # reads every setting's help when first imported, which this test must not be)
 
     @dataclasses.dataclass(frozen=True)
     class Undescribed:
