@@ -315,7 +315,10 @@ async def test_another_process_reads_every_adapt_setting_as_data(make_cluster, s
     assert await recorded_adapting(record, job_dir) == wanted
     other = SlurmRayCluster.from_record(record, transport, registry=cluster.registry)
     await other.request_adapt_async(1, 4, idle_timeout=40, max_pending=3)
-    assert await recorded_adapting(record, job_dir) == AdaptSettings(1, 4, 40.0, 3)
+    asked = AdaptSettings(1, 4, 40.0, 3)
+    assert await recorded_adapting(record, job_dir) == asked
+    # the owner applies the request when it reads it: stopping before would race that
+    await until(lambda: recorded() == asked.to_dict(), 5, "the owner applying the request")
     await cluster.stop_adapting_async()
     await until(lambda: recorded() is None, 5, "no settings in the record")
 
