@@ -56,7 +56,7 @@ from .scheduler.kinds import kind_for_mode
 from .scheduler.records import JobInfo
 from .slurm.hereplan import head_step, plan_here, planned_spec
 from .slurm.heresteps import HereSteps
-from .slurm.schedulers import watcher_for
+from .slurm.schedulers import scheduler_for_mode, watcher_for
 from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
 from .slurm.walltime import Extension, extend_walltime
 from .slurm.watch import JobNews
@@ -122,7 +122,7 @@ class SlurmRayCluster:
         if kind.on_this_machine:  # whatever the transport, the jobs run where this kernel does
             self.transport = self.transport.for_local_mode()
             self.target = local_mode_target(self.transport.target)
-        self.slurm: Scheduler = kind.create(self.transport)
+        self.slurm: Scheduler = scheduler_for_mode(spec.mode, self.transport)
         self.registry = registry or Registry()
         self.id = cluster_id or new_cluster_id(spec.name)
         self.poll_interval = poll_interval  # Slurm asked this often while a change is expected

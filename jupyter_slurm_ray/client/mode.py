@@ -105,9 +105,10 @@ def driver_obstacle(
     """Why this kernel cannot be a Ray node of the cluster of ``job_dir`` (None: it may, if
     the nodes reach it). ``remote``: the target when Slurm is reached over SSH. Told in words
     for the status line."""
-    in_allocation = spec.mode == "here"  # `up --here`: the kernel's own allocation
-    if spec.mode == "local":
-        return "local mode: the head runs on this machine"
+    kind = spec.scheduler_kind
+    in_allocation = kind.in_allocation  # `up --here`: the kernel's own allocation
+    if kind.on_this_machine:
+        return f"{kind.system}: the head runs on this machine"
     if not in_allocation and place.on_cluster_network() is None:
         return (
             f"this kernel runs outside Slurm jobs on {place.host}, which driver_hosts does "
@@ -225,8 +226,8 @@ def driver_reach_plan(
     the target when Slurm is reached over SSH."""
     if spec.connect == CLIENT:
         return "connect = client: clusters connect with Ray Client"
-    if spec.mode == "local":
-        return "local mode: clusters connect with Ray Client to this machine"
+    if spec.scheduler_kind.on_this_machine:
+        return f"{spec.scheduler_kind.system}: clusters connect with Ray Client to this machine"
     if spec.connect == "auto" and place.on_cluster_network() is None:
         return (
             f"auto connects with Ray Client from here: this kernel runs outside Slurm jobs on "

@@ -27,6 +27,7 @@ from ..naming import is_cluster_id
 from ..registry import ClusterRecord
 from ..scheduler.interface import Scheduler
 from ..scheduler.kinds import DEFAULT_MODE, kind_for_mode, kind_of
+from ..slurm.schedulers import operating
 from ..transport import Transport
 from .packs import PACKS_DIR
 
@@ -297,10 +298,10 @@ async def list_root(transport: Transport, root: str) -> Listing:
 async def activity(transport: Transport, listing: Listing) -> Activity:
     """Ask each kind of scheduler which of the listed jobs of its own are active, and Slurm
     which clusters have an active tagged job."""
-    slurm = kind_for_mode(DEFAULT_MODE)
+    slurm = operating(kind_for_mode(DEFAULT_MODE))
     asked: dict[type[Scheduler], list[str]] = {slurm: []}  # Slurm's tags are asked anyway
     for job_id in sorted({j for d in listing.dirs for j in d.job_ids}):
-        kind = kind_of(job_id)
+        kind = operating(kind_of(job_id))
         if kind.owns(job_id):
             asked.setdefault(kind, []).append(job_id)
     active: set[str] = set()

@@ -256,7 +256,7 @@ def _checked_command(command: Sequence[str]) -> list[str]:
 def bootstrap_settings(spec: ClusterSpec, cluster_id: str) -> dict[str, Any]:
     """``bootstrap.json``: every field of the bootstrap's ``Settings``, the spec's setting of
     the same name unless given here."""
-    here = spec.mode == "here"
+    here = spec.scheduler_kind.in_allocation
     values = {
         item.name: getattr(spec, item.name)
         for item in dataclasses.fields(Settings)

@@ -17,38 +17,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from ..errors import ExtendRefused, SlurmError, SlurmUnavailable
 from ..transport import Transport
+from .kind import SchedulerKind
 from .records import Association, JobInfo, Partition, Qos, UsageRow
 
 __all__ = ["Scheduler"]
 
 
-class Scheduler(ABC):
+class Scheduler(SchedulerKind, ABC):
     """Submits, watches and cancels one kind of job through a Transport (where its commands
     run). Queries answer for every job asked about that the system knows, or raise
-    ``SlurmUnavailable`` when the system could not be asked."""
-
-    #: the kind of job, as ``JobInfo.source`` names it
-    source: ClassVar[str]
-    #: the system in a sentence's words ("Slurm", "local mode", "--here")
-    system: ClassVar[str]
-    #: the ``ClusterSpec.mode`` that picks it for a new cluster (its entry point's name,
-    #: ``scheduler/kinds.py``)
-    mode: ClassVar[str]
-    #: the modes whose jobs it answers for as well (a --here cluster's knows Slurm's jobs: its
-    #: worker jobs, its allocation), in the same command
-    also_answers: ClassVar[frozenset[str]] = frozenset()
-    #: its jobs are processes of the machine that starts them (local mode): they run where the
-    #: kernel does whatever transport is configured, and share its environment as it is
-    on_this_machine: ClassVar[bool] = False
-
-    @classmethod
-    def owns(cls, job_id: str) -> bool:
-        """Whether ``job_id`` has the form of this system's job ids."""
-        return False
+    ``SlurmUnavailable`` when the system could not be asked. What the kind is, without a
+    transport (its mode, its words, what it decides of a request): ``kind.py``."""
 
     @classmethod
     def create(
@@ -57,17 +40,6 @@ class Scheduler(ABC):
         """A scheduler of this kind on ``transport``. ``shared``: the user's queue shared with
         their other processes on this host, for the kinds that read one."""
         return cls(transport, timeout=timeout)
-
-    @classmethod
-    def fixed_size(cls, least: int) -> str | None:
-        """What a cluster of this kind may be scaled to, in words, when only ``least`` nodes
-        (its own): None when worker jobs can be added."""
-        return None
-
-    @classmethod
-    def no_usage(cls, job_ids: Sequence[str]) -> str:
-        """Why the system's accounting has no usage for these jobs of a cluster ("": it has)."""
-        return ""
 
     def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
         self.transport = transport

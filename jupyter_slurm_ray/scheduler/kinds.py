@@ -1,9 +1,10 @@
 """The kinds of scheduler there are, and which one a mode or a job id names.
 
-Each kind is a :class:`Scheduler` registered under its mode (``modes.py``: an entry point of
-``jupyter_slurm_ray.schedulers``, or ``register`` at run time); a second batch system is one
-package (or folder) of its own and one line of registration. The rest of the package asks the
-kind (``kind_for_mode``, ``kind_of``), never which one it is.
+Each kind is a ``Scheduler`` (``interface.py``) registered under its mode (``modes.py``: an
+entry point of ``jupyter_slurm_ray.schedulers``, or ``register`` at run time); a second batch
+system is one package (or folder) of its own and one line of registration. The rest of the
+package asks the kind (``kind_for_mode``, ``kind_of``) for its facts (``kind.py``), never which
+one it is; what runs its jobs is made of it where a transport is (``slurm/schedulers.py``).
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ from collections.abc import Sequence
 
 from ..errors import SpecError
 from . import modes
-from .interface import Scheduler
+from .kind import SchedulerKind
 from .modes import DEFAULT_MODE
 
 __all__ = ["DEFAULT_MODE", "kind_for_mode", "kind_of", "kinds", "register", "unregister"]
 
 log = logging.getLogger(__name__)
 
-_loaded: dict[str, type[Scheduler] | None] = {}  # "module:Class" -> its kind (None: broken)
+_loaded: dict[str, type[SchedulerKind] | None] = {}  # "module:Class" -> its kind (None: broken)
 
 
-def kinds() -> dict[str, type[Scheduler]]:
+def kinds() -> dict[str, type[SchedulerKind]]:
     """Every registered kind by its mode, the package's own first (each loaded once)."""
-    found: dict[str, type[Scheduler]] = {}
+    found: dict[str, type[SchedulerKind]] = {}
     for mode, value in modes.registered().items():
         kind = value if isinstance(value, type) else _loaded_kind(mode, str(value))
         if kind is not None:
@@ -34,7 +35,7 @@ def kinds() -> dict[str, type[Scheduler]]:
     return found
 
 
-def register(kind: type[Scheduler]) -> None:
+def register(kind: type[SchedulerKind]) -> None:
     """Add (or replace) a kind at run time, as an entry point would: for tests and plugins
     that cannot be installed."""
     _check(kind.mode, kind)
@@ -46,7 +47,7 @@ def unregister(mode: str) -> None:
     modes.remove(mode)
 
 
-def kind_for_mode(mode: str) -> type[Scheduler]:
+def kind_for_mode(mode: str) -> type[SchedulerKind]:
     """The kind a new cluster of ``mode`` runs on; SpecError naming the modes there are."""
     found = kinds().get(mode)
     if found is None:
@@ -54,7 +55,7 @@ def kind_for_mode(mode: str) -> type[Scheduler]:
     return found
 
 
-def kind_of(job_id: str | None) -> type[Scheduler]:
+def kind_of(job_id: str | None) -> type[SchedulerKind]:
     """The kind whose job ``job_id`` is, by the form of its id (Slurm's when none owns it)."""
     if job_id:
         for mode, kind in kinds().items():
@@ -72,13 +73,13 @@ def no_usage(job_ids: Sequence[str]) -> str:
     return ""
 
 
-def _loaded_kind(mode: str, value: str) -> type[Scheduler] | None:
+def _loaded_kind(mode: str, value: str) -> type[SchedulerKind] | None:
     if value not in _loaded:
         _loaded[value] = _load(mode, value, required=mode in modes.BUILT_IN)
     return _loaded[value]
 
 
-def _load(mode: str, value: str, *, required: bool) -> type[Scheduler] | None:
+def _load(mode: str, value: str, *, required: bool) -> type[SchedulerKind] | None:
     module, _, name = value.partition(":")
     try:
         kind = getattr(importlib.import_module(module), name)
@@ -94,7 +95,9 @@ def _load(mode: str, value: str, *, required: bool) -> type[Scheduler] | None:
 
 
 def _check(mode: str, kind: object) -> None:
-    if not (isinstance(kind, type) and issubclass(kind, Scheduler)):
+    if not isinstance(kind, type) or not issubclass(kind, SchedulerKind):
+        raise TypeError(f"{kind!r} is not a jupyter_slurm_ray Scheduler")
+    if not callable(getattr(kind, "create", None)):  # facts alone: not a Scheduler
         raise TypeError(f"{kind!r} is not a jupyter_slurm_ray Scheduler")
     if getattr(kind, "mode", None) != mode:
         raise TypeError(f"{kind.__name__}.mode is {getattr(kind, 'mode', None)!r}, not {mode!r}")

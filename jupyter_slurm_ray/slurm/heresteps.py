@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
@@ -246,6 +247,22 @@ def _info(
     )
 
 
+#: What sbatch would be asked for, which a cluster in the kernel's own allocation does not ask:
+#: the allocation's own nodes, walltime, partition… apply.
+HERE_DECIDED = MappingProxyType(
+    {
+        "nodes": "here_nodes chooses the allocation's nodes (a number, or a host list; unset: all)",
+        "time": "the allocation's own walltime applies",
+        **{
+            name: f"the allocation's own {name} applies"
+            for name in ("partition", "account", "qos", "reservation", "constraint")
+        },
+        "exclusive": "the allocation's nodes are what they are",
+        "extra_sbatch": "nothing is submitted",
+    }
+)
+
+
 class HereSteps(Scheduler):
     """The head steps of clusters in their kernels' allocations, and Slurm's jobs (a here
     cluster's worker jobs, the allocations themselves) through Slurm's own scheduler."""
@@ -254,6 +271,19 @@ class HereSteps(Scheduler):
     system = "--here"
     mode = "here"
     also_answers = frozenset({"slurm"})
+    in_allocation = True
+    decided = HERE_DECIDED
+
+    @classmethod
+    def refusal(cls, name: str, value: object, settings: Mapping[str, object]) -> str | None:
+        if name == "nodes" and (value == 1 or settings.get("here_nodes") is not None):
+            return None  # planned from here_nodes (``hereplan.planned_spec``)
+        if value in (None, False, ()):
+            return None
+        return (
+            "unset with mode 'here' (the cluster runs as steps of the kernel's allocation): "
+            + HERE_DECIDED[name]
+        )
 
     @classmethod
     def owns(cls, job_id: str) -> bool:

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 
 from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError
@@ -192,6 +193,11 @@ class LocalJobs(Scheduler):
     system = "local mode"
     mode = "local"
     on_this_machine = True
+    decided = MappingProxyType({"nodes": "local mode runs one node"})
+
+    @classmethod
+    def refusal(cls, name: str, value: object, settings: Mapping[str, object]) -> str | None:
+        return None if value == 1 else "1 in local mode (Ray runs as one node here)"
 
     @classmethod
     def owns(cls, job_id: str) -> bool:

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from ..scheduler.interface import Scheduler
+from ..scheduler.kind import SchedulerKind
 from ..scheduler.kinds import DEFAULT_MODE, kind_for_mode, kind_of
 from ..scheduler.records import JobInfo
 from ..transport import Transport
@@ -22,14 +23,22 @@ def scheduler_for_mode(
     mode: str, transport: Transport, *, shared: SharedQueue | None = None
 ) -> Scheduler:
     """The scheduler of a new cluster of ``mode`` (``ClusterSpec.mode``)."""
-    return kind_for_mode(mode).create(transport, shared=shared)
+    return operating(kind_for_mode(mode)).create(transport, shared=shared)
 
 
 def scheduler_of(
     transport: Transport, job_id: str | None, *, shared: SharedQueue | None = None
 ) -> Scheduler:
     """The scheduler of one job, by its id."""
-    return kind_of(job_id).create(transport, shared=shared)
+    return operating(kind_of(job_id)).create(transport, shared=shared)
+
+
+def operating(kind: type[SchedulerKind]) -> type[Scheduler]:
+    """The kind as the scheduler that runs its jobs (every registered kind is one: ``kinds``
+    refuses any other)."""
+    if not issubclass(kind, Scheduler):
+        raise TypeError(f"{kind.__name__} is not a jupyter_slurm_ray Scheduler")
+    return kind
 
 
 async def query_jobs(
@@ -40,7 +49,7 @@ async def query_jobs(
     for both in one command when both are among them."""
     asked: dict[type[Scheduler], list[str]] = {}
     for job_id in dict.fromkeys(job_ids):
-        asked.setdefault(kind_of(job_id), []).append(job_id)
+        asked.setdefault(operating(kind_of(job_id)), []).append(job_id)
     for kind in [kind for kind in asked if kind.also_answers]:
         others = [other for other in asked if other.mode in kind.also_answers]
         if kind in asked:  # not merged into another already
@@ -77,7 +86,7 @@ def watcher_for(
     ``shared_dir`` (the user's state dir), its queries share the user's queue on this host."""
     watcher = _watchers.get(transport)
     if watcher is None:
-        first = kind_for_mode(DEFAULT_MODE).create(transport)
+        first = scheduler_for_mode(DEFAULT_MODE, transport)
         watcher = JobWatcher(first, interval, partial(_query_jobs, first))
         _watchers[transport] = watcher
     slurm = watcher.slurm  # the scheduler made above: its queue may be shared from now on

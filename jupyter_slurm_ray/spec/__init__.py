@@ -17,6 +17,9 @@ from ..bootstrap.jsr_wire import (
     Settings,
 )
 from ..errors import SpecError
+from ..scheduler.kind import SchedulerKind
+from ..scheduler.kinds import kind_for_mode
+from ..scheduler.modes import DEFAULT_MODE, modes
 from .checks import (
     CONSTRAINT,
     INTERFACE,
@@ -57,14 +60,13 @@ from .groups import checked_groups, group_spec
 __all__ = [
     "FIELD_NAMES",
     "FORMER_NAMES",
-    "HERE_IGNORED",
     "MEMORY_ALLOWED",
     "NAMED_RAY_PORTS",
     "TIME_REQUIRED",
     "WALLTIME_ALLOWED",
     "ClusterSpec",
     "format_walltime",
-    "ignored_here",
+    "ignored_by_mode",
     "merge_layers",
     "parse_memory",
     "parse_walltime",
@@ -362,10 +364,7 @@ class ClusterSpec:
             value = check(spec_field.name, getattr(self, spec_field.name))
             object.__setattr__(self, spec_field.name, value)
         self._check_ports()
-        if self.mode == "local" and self.nodes != 1:
-            raise SpecError("nodes", self.nodes, "1 in local mode (Ray runs as one node here)")
-        if self.mode == "here":
-            self._check_here()
+        self._check_decided()
         if self.environment == "pack" and self.container is not None:
             allowed = "'kernel' when container is set (Ray comes from the image)"
             raise SpecError("environment", "pack", allowed)
@@ -387,15 +386,27 @@ class ClusterSpec:
             allowed = f"a port from 1024 to {65536 - block}, so that its {block} ports fit"
             raise SpecError("fixed_port_base", base, allowed)
 
-    def _check_here(self) -> None:
-        """With mode 'here' the allocation is the kernel's own: what sbatch would be asked for
-        is refused (``resolve`` leaves such settings of the configuration out, and says so)."""
-        for name in HERE_IGNORED:
+    def _check_decided(self) -> None:
+        """What the mode's scheduler decides itself (mode 'here': the allocation's nodes,
+        walltime, partition…) is refused when asked for (``resolve`` leaves such settings of
+        the configuration out, and says so)."""
+        kind = self.scheduler_kind
+        settings = vars(self)
+        for name in kind.decided:
             value = getattr(self, name)
-            if name == "nodes" and (value == 1 or self.here_nodes is not None):
-                continue
-            if value not in (None, False, ()):
-                raise SpecError(name, value, _here_refusal(name))
+            allowed = kind.refusal(name, value, settings)
+            if allowed is not None:
+                raise SpecError(name, value, allowed)
+
+    @property
+    def scheduler_kind(self) -> type[SchedulerKind]:
+        """The kind of scheduler that runs this cluster's jobs (``scheduler/kinds.py``)."""
+        return kind_for_mode(self.mode)
+
+    @property
+    def needs_walltime(self) -> bool:
+        """Whether it may be submitted only with a walltime (its scheduler decides none)."""
+        return self.time is None and "time" not in self.scheduler_kind.decided
 
     @property
     def block_size(self) -> int:
@@ -414,7 +425,7 @@ class ClusterSpec:
 
     def require_complete(self) -> ClusterSpec:
         """Return the spec if it can be submitted, else raise SpecError (a walltime is required)."""
-        if self.time is None and self.mode != "here":  # here: the allocation's walltime
+        if self.needs_walltime:
             raise SpecError("time", None, TIME_REQUIRED)
         return self
 
@@ -463,32 +474,6 @@ def _accepting_former_names(init: Any) -> Any:
 setattr(ClusterSpec, "__init__", _accepting_former_names(ClusterSpec.__init__))  # noqa: B010
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ClusterSpec))
-#: What sbatch would be asked for, which a cluster in the kernel's own allocation (mode
-#: 'here') does not ask: the allocation's own nodes, walltime, partition… apply.
-HERE_IGNORED = (
-    "nodes",
-    "time",
-    "partition",
-    "account",
-    "qos",
-    "reservation",
-    "constraint",
-    "exclusive",
-    "extra_sbatch",
-)
-
-
-_HERE_WHY = {
-    "nodes": "here_nodes chooses the allocation's nodes (a number, or a host list; unset: all)",
-    "time": "the allocation's own walltime applies",
-    "exclusive": "the allocation's nodes are what they are",
-    "extra_sbatch": "nothing is submitted",
-}
-
-
-def _here_refusal(name: str) -> str:
-    why = _HERE_WHY.get(name, f"the allocation's own {name} applies")
-    return f"unset with mode 'here' (the cluster runs as steps of the kernel's allocation): {why}"
 
 
 def _plain(value: Any) -> Any:
@@ -567,15 +552,7 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[ClusterSpe
                 value = {**_groups_of(merged.get(name)), **_groups_of(value)}
             merged[name] = value
             sources[name] = source
-    if merged.get("mode") == "local" and "nodes" in merged:  # one node, and say so
-        sources["nodes"] = f"local mode runs one node ({sources['nodes']} asked {merged['nodes']})"
-        del merged["nodes"]
-    if merged.get("mode") == "here":  # the allocation's own apply, and say so
-        for name in HERE_IGNORED:
-            if name in merged:
-                asked = f"{sources[name]} asked {merged.pop(name)!r}"
-                why = _HERE_WHY.get(name, f"the allocation's own {name} applies")
-                sources[name] = f"{IGNORED_HERE}: {why} ({asked})"
+    _leave_out_decided(merged, sources)
     try:
         spec = ClusterSpec(**merged)
     except SpecError as error:
@@ -584,14 +561,28 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[ClusterSpe
     return spec, sources
 
 
-#: How ``resolve`` marks the source of a setting mode 'here' leaves out.
-IGNORED_HERE = "ignored with mode 'here'"
+#: How ``resolve`` marks the source of a setting the mode's scheduler decides itself.
+IGNORED_BY_MODE = "ignored with mode"
 
 
-def ignored_here(sources: Mapping[str, str]) -> list[str]:
-    """The settings ``resolve`` left out for mode 'here', each with who asked for what."""
+def _leave_out_decided(merged: dict[str, Any], sources: dict[str, str]) -> None:
+    """The settings the mode's scheduler decides (mode 'here': the allocation's own nodes,
+    walltime…; local mode: one node) taken out of ``merged``, their source saying so."""
+    mode = merged.get("mode", DEFAULT_MODE)
+    if not isinstance(mode, str) or mode not in modes():
+        return  # the spec refuses it, naming the modes there are
+    for name, why in kind_for_mode(mode).decided.items():
+        if name in merged:
+            asked = f"{sources[name]} asked {merged.pop(name)}"
+            sources[name] = f"{IGNORED_BY_MODE} {mode!r}: {why} ({asked})"
+
+
+def ignored_by_mode(sources: Mapping[str, str]) -> list[str]:
+    """The settings ``resolve`` left out for the mode's scheduler, each with who asked what."""
     return [
-        f"{name}: {source}" for name, source in sources.items() if source.startswith(IGNORED_HERE)
+        f"{name}: {source}"
+        for name, source in sources.items()
+        if source.startswith(IGNORED_BY_MODE)
     ]
 
 

@@ -31,7 +31,7 @@ from ..config import resolve_spec as resolve_settings
 from ..errors import SlurmRayError, SpecError
 from ..session import get_session
 from ..slurm.sitecheck import check_with_slurm
-from ..spec import ClusterSpec, ignored_here
+from ..spec import ClusterSpec, ignored_by_mode
 from ..states import State
 from . import commands
 from .adaptcommand import adapt_command
@@ -109,11 +109,11 @@ class SlurmRayMagics(Magics):
 
     def _complete(self, args: argparse.Namespace, cell: str | None = None) -> ClusterSpec:
         """The spec to submit: a walltime is required (except with --here: the allocation's
-        applies, and the settings left out for it are told)."""
+        applies), and the settings left out for the mode are told."""
         spec, sources = self._resolve(args, cell)
-        if spec.time is None and spec.mode != "here":
+        if spec.needs_walltime:
             raise SpecError("time", None, _TIME_REQUIRED)
-        for note in ignored_here(sources):
+        for note in ignored_by_mode(sources):
             print(f"note: {note}")
         return spec
 

@@ -22,6 +22,7 @@ from ..aio import background_loop, run_sync
 from ..cluster import SlurmRayCluster
 from ..config import Profile, effective_setting, load_profiles, profiles_path, resolve_spec
 from ..errors import SlurmRayError
+from ..scheduler.kinds import kind_for_mode
 from ..scheduler.records import Partition
 from ..session import Session, get_session
 from ..slurm.accounting import Accounting, load_accounting
@@ -157,13 +158,14 @@ class ClusterPanel(widgets.VBox):
             self.nodes.value = _allocation_nodes() or self.nodes.value
 
     def _local_mode(self, profiles: dict[str, Profile]) -> bool:
-        """Local mode by the settings, or else by the profile the form starts with."""
+        """Local mode (the jobs are this machine's processes) by the settings, or else by the
+        profile the form starts with."""
         mode, _ = effective_setting("mode", self.session.config)
         if mode is None:
             default, _ = effective_setting("default_profile", self.session.config)
             profile = profiles.get(default) if default else None
             mode = profile.settings.get("mode") if profile else None
-        return mode == "local"
+        return bool(mode) and kind_for_mode(str(mode)).on_this_machine
 
     def _load_choices(self) -> None:
         try:
@@ -206,7 +208,7 @@ class ClusterPanel(widgets.VBox):
         self.memory.value = f"{spec.mem_per_node}M" if spec.mem_per_node else ""
         self.walltime.value = spec.time or ""
         self.name.value = spec.name
-        self.here.value = spec.mode == "here" and bool(_allocation_nodes())
+        self.here.value = spec.scheduler_kind.in_allocation and bool(_allocation_nodes())
         self.connect_mode.value = spec.connect
 
     def _offer_accounts(self, wanted: str | None = None) -> None:

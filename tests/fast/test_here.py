@@ -35,7 +35,7 @@ from jupyter_slurm_ray.slurm.heresteps import HereSteps, StepRun, step_state
 from jupyter_slurm_ray.slurm.schedulers import query_jobs, scheduler_of
 from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
 from jupyter_slurm_ray.slurm.usage import fetch_usage
-from jupyter_slurm_ray.spec import ClusterSpec, ignored_here
+from jupyter_slurm_ray.spec import ClusterSpec, ignored_by_mode
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import CommandResult
 from jupyter_slurm_ray.ui.magic_args import parse, spec_arguments
@@ -148,11 +148,11 @@ def test_the_configurations_slurm_request_is_left_out_with_here_and_said_so() ->
     environ = {"JUPYTER_SLURM_RAY_TIME": "1:00:00", "JUPYTER_SLURM_RAY_PARTITION": "short"}
     spec, sources = resolve_spec({"mode": "here", "nodes": 2}, environ=environ)
     assert (spec.time, spec.partition, spec.nodes) == (None, None, 1)
-    notes = ignored_here(sources)
+    notes = ignored_by_mode(sources)
     assert any(n.startswith("time: ") and "env JUPYTER_SLURM_RAY_TIME asked" in n for n in notes)
     assert any(n.startswith("partition: ") for n in notes)
     assert any(n.startswith("nodes: ") and "here_nodes" in n for n in notes)
-    assert ignored_here(resolve_spec({"time": "10"}, environ=environ)[1]) == []
+    assert ignored_by_mode(resolve_spec({"time": "10"}, environ=environ)[1]) == []
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from jupyter_slurm_ray.cluster import SlurmRayCluster
+from jupyter_slurm_ray.config import resolve_spec
+from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.scheduler import kinds
-from jupyter_slurm_ray.spec import ClusterSpec
+from jupyter_slurm_ray.spec import ClusterSpec, ignored_by_mode
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
 
@@ -78,3 +80,20 @@ async def test_a_cluster_lives_its_whole_life_on_the_toy_scheduler(
     record = registry.load(cluster.id)
     assert State(record.state).is_final and record.job_id == job_id  # no record claims it lives
     await cluster.close_async()
+
+
+def test_what_the_toy_decides_is_left_out_of_the_configuration_and_refused_when_asked(
+    toy,
+) -> None:
+    """The spec asks the mode's kind what it decides itself, never which kind it is: the toy's
+    one queue needs no line of the package."""
+    spec, sources = resolve_spec({"mode": "toy", "partition": "short", "time": "10"}, environ={})
+    assert spec.partition is None
+    assert ignored_by_mode(sources) == [
+        "partition: ignored with mode 'toy': the toy scheduler has one queue (argument asked short)"
+    ]
+    with pytest.raises(SpecError) as refused:
+        ClusterSpec(mode="toy", partition="short")
+    assert refused.value.field == "partition"
+    assert "unset with the toy scheduler: the toy scheduler has one queue" in str(refused.value)
+    assert ClusterSpec(mode="toy").needs_walltime  # the toy decides no walltime

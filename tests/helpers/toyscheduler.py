@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 from jupyter_slurm_ray.errors import SlurmError
@@ -24,6 +25,7 @@ class ToyScheduler(Scheduler):
     source = "toy"
     system = "the toy scheduler"
     mode = "toy"  # what scheduler/kinds.register (or an entry point) registers it as
+    decided = MappingProxyType({"partition": "the toy scheduler has one queue"})
 
     # the system's state, as a real one keeps it: every instance sees the same jobs
     _jobs: ClassVar[dict[str, asyncio.subprocess.Process]] = {}
@@ -32,6 +34,10 @@ class ToyScheduler(Scheduler):
 
     def __init__(self, transport: Transport, *, timeout: float = 30.0) -> None:
         super().__init__(transport, timeout=timeout)
+
+    @classmethod
+    def refusal(cls, name: str, value: object, settings: Mapping[str, object]) -> str | None:
+        return None if value is None else f"unset with the toy scheduler: {cls.decided[name]}"
 
     @classmethod
     def owns(cls, job_id: str) -> bool:
