@@ -190,8 +190,8 @@ class SlurmRay(_ClusterSettings):
     )
     submit_timeout = _trait(
         "float",
-        "Seconds sbatch may take (default 60); past it the job is looked up by its tag and "
-        "adopted if it was queued.",
+        "Seconds a job's submission may take (default 60); past it the job is looked up by its "
+        "tag and adopted if it was queued.",
     )
     record_retention_days = _trait(
         "float",

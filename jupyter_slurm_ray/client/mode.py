@@ -6,8 +6,9 @@ runs in a Slurm job, or the cluster runs in the kernel's own allocation, or it r
 jobs on a host ``driver_hosts`` allows (every host by default: a login node on the cluster's
 network) and reaches Slurm without SSH; the cluster's job dir is this user's and on this host's
 filesystem, its node joined (so this host reaches the head's GCS), and every node of the
-cluster's allocation reaches that node's ports (one ``srun --overlap`` step in the cluster's
-job: ``nodes_reach``). Anything else means Ray Client, with the reason shown beside the state.
+cluster's allocation reaches that node's ports (one run on each of the job's nodes, as its
+scheduler runs one: ``nodes_reach``). Anything else means Ray Client, with the reason shown
+beside the state.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from ..bootstrap.jsr_wire import SETTINGS_FILE
 from ..errors import SlurmRayError
-from ..naming import allocation_of, is_here_job_id
+from ..scheduler.interface import Scheduler
+from ..scheduler.kinds import enclosing_job
 from ..spec import ClusterSpec
 from ..transport import LocalTransport, Transport
 
@@ -45,13 +47,12 @@ CLIENT, DRIVER = "client", "driver"
 # SlurmRay.driver_hosts when unset: auto tries driver mode on any host outside Slurm jobs (the
 # two-way reach check decides); a site that keeps Ray's daemons off its login nodes sets []
 DRIVER_HOSTS_DEFAULT: tuple[str, ...] = ("*",)
-REACH_TIMEOUT = 30.0  # the srun step of nodes_reach, in all (s)
+REACH_TIMEOUT = 30.0  # nodes_reach's run on the nodes, in all (s)
 _MARK = "JSR-REACH"
 # bash -c PROBE jsr-reach IP PORT: one line per node, whether it connected to IP:PORT
 _PROBE = (
-    'node="${SLURMD_NODENAME:-$(hostname -s)}"; '
     'if timeout 5 bash -c \'exec 3<>"/dev/tcp/$0/$1"\' "$1" "$2" 2>/dev/null; '
-    f'then echo "{_MARK} ok $node"; else echo "{_MARK} failed $node"; fi'
+    f'then echo "{_MARK} ok $JSR_NODE"; else echo "{_MARK} failed $JSR_NODE"; fi'
 )
 
 
@@ -85,9 +86,9 @@ class KernelPlace:
         driver_hosts: Sequence[str] = DRIVER_HOSTS_DEFAULT,
         environ: Mapping[str, str] | None = None,
     ) -> KernelPlace:
-        environ = os.environ if environ is None else environ
-        job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
-        return cls(socket.gethostname().split(".")[0], job, tuple(driver_hosts))
+        job = enclosing_job(environ)
+        host = socket.gethostname().split(".")[0]
+        return cls(host, job.job_id if job is not None else None, tuple(driver_hosts))
 
     def on_cluster_network(self) -> str | None:
         """Why this kernel may be one of a cluster's Ray nodes, the nodes' reach aside (None:
@@ -154,22 +155,19 @@ def job_dir_obstacle(job_dir: str) -> str | None:
 
 
 async def nodes_reach(
-    transport: Transport, job_id: str, nodes: int, ip: str, port: int, hosts: str | None = None
+    scheduler: Scheduler, job_id: str, nodes: int, ip: str, port: int, hosts: str | None = None
 ) -> str | None:
-    """None once every node of the job's allocation (or ``hosts`` of it) connected to
-    ``ip:port`` (one ``srun --overlap`` step, a task per node); else which did not, or why the
-    step failed. ``job_id`` is a Slurm job's, or a ``--here`` cluster's (its allocation's)."""
-    allocation = allocation_of(job_id) if is_here_job_id(job_id) else job_id
-    where = [f"--nodelist={hosts}"] if hosts else []
-    argv = [
-        "srun", f"--jobid={allocation}", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
-        *where, "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "-c", _PROBE,
-        "jsr-reach", ip, str(port),
-    ]  # fmt: skip
+    """None once every node of the job's allocation (or ``hosts`` of them) connected to
+    ``ip:port`` (one run on each node, ``Scheduler.run_on_nodes``); else which did not, or why
+    the run failed."""
+    argv = ["bash", "-c", _PROBE, "jsr-reach", ip, str(port)]
+    check = f"the reach check ({scheduler.node_runner or scheduler.system})"
     try:
-        result = await transport.run(argv, timeout=REACH_TIMEOUT, check=False)
+        result = await scheduler.run_on_nodes(
+            job_id, argv, nodes=nodes, hosts=hosts, timeout=REACH_TIMEOUT
+        )
     except SlurmRayError as exc:
-        return f"the reach check (srun) did not run: {exc}"
+        return f"{check} did not run: {exc}"
     said = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith(_MARK)]
     said = [words for words in said if len(words) == 2]
     failed = sorted(node for verdict, node in said if verdict != "ok")
@@ -178,7 +176,7 @@ async def nodes_reach(
     if len(said) < nodes:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         why = lines[-1].strip() if lines else f"exit status {result.returncode}"
-        return f"the reach check (srun) answered for {len(said)} of {nodes} nodes: {why}"
+        return f"{check} answered for {len(said)} of {nodes} nodes: {why}"
     return None
 
 
@@ -193,7 +191,7 @@ def local_address_toward(ip: str) -> str | None:
 
 
 async def node_reaches_kernel(
-    transport: Transport, job_id: str, toward: str, port_range: tuple[int, int]
+    scheduler: Scheduler, job_id: str, toward: str, port_range: tuple[int, int]
 ) -> tuple[str, str | None]:
     """``doctor``: whether the job's node connects to a listener of this process on a port of
     ``port_range``, on this host's address toward ``toward`` (the node's): (where, None when
@@ -208,7 +206,7 @@ async def node_reaches_kernel(
         except OSError:
             continue
         try:
-            return f"{ip}:{port}", await nodes_reach(transport, job_id, 1, ip, port)
+            return f"{ip}:{port}", await nodes_reach(scheduler, job_id, 1, ip, port)
         finally:
             server.close()
             await server.wait_closed()

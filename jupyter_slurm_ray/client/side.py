@@ -22,6 +22,7 @@ from ..config import effective_setting
 from ..errors import ConnectError
 from ..job.directory import JobDir
 from ..registry import Registry
+from ..slurm.schedulers import scheduler_of
 from ..spec import ClusterSpec
 from ..transport import Forward, LocalTransport, Transport
 from . import connect as ray_client
@@ -173,7 +174,12 @@ class ClientSide:
             first = str(exc).splitlines()[0]
             return ConnectMode(CLIENT, f"auto: {first}")
         failure = await nodes_reach(
-            self.transport, job_id, spec.nodes, ready.ip, ready.node_manager_port, spec.here_nodes
+            scheduler_of(self.transport, job_id),
+            job_id,
+            spec.nodes,
+            ready.ip,
+            ready.node_manager_port,
+            spec.here_nodes,
         )
         if failure:
             await self._stop_driver()

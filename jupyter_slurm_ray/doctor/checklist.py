@@ -39,6 +39,7 @@ from ..job.directory import (
     kernel_python_argv,
     probe_site,
 )
+from ..scheduler.kinds import enclosing_job
 from ..slurm.accounting import load_accounting
 from ..slurm.client import SlurmClient
 from ..slurm.memorypolicy import load_memory_policy
@@ -217,8 +218,8 @@ async def _check_submit(transport: Transport, add: Any) -> None:
     """``sbatch --version`` where the cluster's job would be submitted; a kernel inside a
     Slurm job is told so (its job's variables are kept out of the package's Slurm commands)."""
     here = isinstance(transport, LocalTransport)
-    outer = os.environ.get("SLURM_JOB_ID") if here else None
-    where = f"inside Slurm job {outer} on this node" if outer else transport.target
+    outer = enclosing_job() if here else None
+    where = f"inside Slurm job {outer.job_id} on this node" if outer else transport.target
     try:
         result = await transport.run(["sbatch", "--version"], check=False, timeout=30)
         status, said = result.returncode, (result.stdout or result.stderr).strip()
@@ -544,7 +545,6 @@ def _server_extension_enabled() -> bool:
 
 def _labextension_state() -> str | None:
     """None when the labextension is installed and not disabled; else what is wrong."""
-    import os
 
     from jupyter_core.paths import jupyter_config_path, jupyter_path
 

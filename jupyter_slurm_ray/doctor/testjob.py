@@ -282,7 +282,7 @@ async def run_test_job(
             await _listen_step(transport, spec, report, python_argv, exported)
         if reach_back and report.python.get("address"):
             where, error = await node_reaches_kernel(
-                transport, report.job_id, str(report.python["address"]), spec.port_range
+                slurm, report.job_id, str(report.python["address"]), spec.port_range
             )
             report.reached_back, report.reach_back_where = error is None, where
             report.reach_back_error = error

@@ -97,7 +97,7 @@ class Moves:
 
     async def _submit_one(self, script: str, group: str) -> list[str]:
         """One sbatch, its job recorded (or the job adopted by its tag when the answer was
-        lost). Until the answer comes the outcome counts as unknown, so that an sbatch killed
+        lost). Until the answer comes the outcome counts as unknown, so that a submission killed
         half way is looked up before the next change."""
         self._unknown = group
         try:
@@ -108,21 +108,25 @@ class Moves:
             self._unknown = None  # refused: nothing was queued
             raise
         except TransportError as exc:
+            system = self._jobs.slurm.system
             adopted = await self.adopt_unknown()
             if adopted is None:
                 raise SubmitOutcomeUnknown(
-                    f"the next sbatch had no answer ({exc}) and Slurm could not be asked about "
-                    "it; it is looked up again before the next change (`gc` finds it too)"
+                    f"the next worker job's submission to {system} had no answer ({exc}) and "
+                    f"{system} could not be asked about it; it is looked up again before the "
+                    "next change (`gc` finds it too)"
                 ) from None
             if not adopted:
-                raise SlurmError(f"sbatch had no answer ({exc}) and queued no job") from None
+                raise SlurmError(
+                    f"the submission to {system} had no answer ({exc}) and queued no job"
+                ) from None
             return adopted
         self._unknown = None
         self._jobs.add(job_id, group)
         return [job_id]
 
     async def adopt_unknown(self) -> list[str] | None:
-        """After an sbatch of unknown outcome: the cluster's tagged worker jobs this process
+        """After a submission of unknown outcome: the cluster's tagged worker jobs this process
         did not know, adopted; None when Slurm could not be asked (looked up again later)."""
         group, jobs = self._unknown, self._jobs
         if group is None:
@@ -137,7 +141,11 @@ class Moves:
             (j for j, c in tagged.items() if c == jobs.cluster_id and j not in jobs.jobs), key=int
         )
         for job_id in found:
-            log.warning("%s: adopted worker job %s (sbatch's answer lost)", jobs.cluster_id, job_id)
+            log.warning(
+                "%s: adopted worker job %s (its submission's answer was lost)",
+                jobs.cluster_id,
+                job_id,
+            )
             jobs.add(job_id, group)
         return found
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import ExtendRefused, SlurmError, SlurmUnavailable
-from ..transport import Transport
+from ..transport import CommandResult, Transport
 from .kind import SchedulerKind
 from .records import Association, JobInfo, Partition, Qos, UsageRow
 
@@ -91,6 +91,24 @@ class Scheduler(SchedulerKind, ABC):
 
     async def extend(self, job_id: str, minutes: int) -> None:
         raise ExtendRefused(f"{self.system} cannot extend a running job's walltime")
+
+    #: the command ``run_on_nodes`` runs, as a message names it ("": none)
+    node_runner: ClassVar[str] = ""
+
+    async def run_on_nodes(
+        self,
+        job_id: str,
+        argv: Sequence[str],
+        *,
+        nodes: int,
+        hosts: str | None = None,
+        timeout: float = 30.0,
+    ) -> CommandResult:
+        """Run ``argv`` once on each of ``nodes`` nodes of the running job ``job_id`` (or on
+        ``hosts`` of them, a host list), beside the job's own work; each run finds its node's
+        name in ``JSR_NODE``. The command's result, whatever its exit status; SlurmUnavailable
+        when it did not run."""
+        raise SlurmError(f"{self.system} cannot run a command on a job's nodes")
 
     async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
         """Why each of ``nodes`` that is down, drained or failing is so."""

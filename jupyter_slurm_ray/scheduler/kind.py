@@ -6,9 +6,18 @@ these of the kind their mode names (``kinds.py``) and never which kind it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["SchedulerKind"]
+__all__ = ["EnclosingJob", "SchedulerKind"]
+
+
+@dataclass(frozen=True)
+class EnclosingJob:
+    """The job a process runs in (a kernel started in an allocation), as its environment says."""
+
+    job_id: str
+    nodes: int
 
 
 class SchedulerKind:
@@ -45,6 +54,11 @@ class SchedulerKind:
     def owns(cls, job_id: str) -> bool:
         """Whether ``job_id`` has the form of this system's job ids."""
         return False
+
+    @classmethod
+    def enclosing(cls, environ: Mapping[str, str]) -> EnclosingJob | None:
+        """The job of this kind that a process with ``environ`` runs in (None: none)."""
+        return None
 
     @classmethod
     def fixed_size(cls, least: int) -> str | None:

@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 from ..errors import SpecError
 from . import modes
-from .kind import SchedulerKind
+from .kind import EnclosingJob, SchedulerKind
 from .modes import DEFAULT_MODE
 
-__all__ = ["DEFAULT_MODE", "kind_for_mode", "kind_of", "kinds", "register", "unregister"]
+__all__ = [
+    "DEFAULT_MODE",
+    "enclosing_job",
+    "kind_for_mode",
+    "kind_of",
+    "kinds",
+    "register",
+    "unregister",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,17 @@ def kind_of(job_id: str | None) -> type[SchedulerKind]:
             if mode != DEFAULT_MODE and kind.owns(job_id):
                 return kind
     return kinds()[DEFAULT_MODE]
+
+
+def enclosing_job(environ: Mapping[str, str] | None = None) -> EnclosingJob | None:
+    """The job this process (or one with ``environ``) runs in, as the first kind that knows
+    its environment says (None: it runs in none)."""
+    environ = os.environ if environ is None else environ
+    for kind in kinds().values():
+        found = kind.enclosing(environ)
+        if found is not None:
+            return found
+    return None
 
 
 def no_usage(job_ids: Sequence[str]) -> str:

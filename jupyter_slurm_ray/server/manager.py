@@ -24,10 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from .. import usecases
 from ..bootstrap.jsr_wire import Event
 from ..cluster import SlurmRayCluster
 from ..elastic.workerjobs import checked_node_count
-from ..errors import Conflict, NotFound, SlurmRayError, SpecError
+from ..errors import NotFound, SlurmRayError, SpecError
 from ..inventory import Entry, Inventory, tag_matches
 from ..job.directory import JobDir
 from ..naming import is_cluster_id
@@ -35,11 +36,9 @@ from ..ownership import live_owner
 from ..registry import ClusterRecord, Registry
 from ..slurm.queueinfo import QueueInsight, queue_insight
 from ..slurm.schedulers import scheduler_of
-from ..slurm.sitecheck import check_with_slurm
 from ..slurm.usage import Usage, fetch_usages
-from ..slurm.walltime import extend_walltime, parse_extension, warning_due
+from ..slurm.walltime import parse_extension, warning_due
 from ..spec import ClusterSpec
-from ..spec.groups import checked_name
 from ..states import Status, status_of_record
 from ..targets import Transports
 from ..transport import Transport
@@ -170,11 +169,8 @@ class ClusterManager:
     async def forget(self, cluster_id: str) -> dict[str, Any]:
         """Delete an ended (or unreadable) cluster's record; Conflict while it is active."""
         entry = await self._entry(cluster_id)
-        if entry.active:
-            raise Conflict(f"{entry.id} is {entry.state}: stop it before forgetting it")
-        self.registry.delete(entry.id)
+        usecases.forget(self.registry, [entry])
         self._clusters.pop(entry.id, None)
-        log.info("forgot cluster %s (%s)", entry.id, entry.state)
         return {"id": entry.id, "forgotten": True}
 
     async def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,30 +183,28 @@ class ClusterManager:
         if profile is not None and not isinstance(profile, str):
             raise SpecError("profile", profile, "the name of a profile")
         spec = self._resolve_spec(settings, profile).require_complete()
-        transport = self.transports.configured()
-        checked = await check_with_slurm(spec, transport)
         cluster = SlurmRayCluster(
-            spec, transport, registry=self.registry, adapt_defaults=self.adapt_defaults
+            spec,
+            self.transports.configured(),
+            registry=self.registry,
+            adapt_defaults=self.adapt_defaults,
         )
-        await cluster.up_async(wait=False, connect=False)  # kernels connect, not the server
+        notes = await usecases.submit(cluster, connect=False)  # kernels connect, not the server
         self._clusters[cluster.id] = cluster
         self.inventory.expire()
         log.info("created cluster %s (job %s) from profile %s", cluster.id, cluster.job_id, profile)
         view = self.view(await self._entry(cluster.id))
-        view["checks"] = list(checked.notes)
+        view["checks"] = list(notes)
         return view
 
     async def extend(self, cluster_id: str, body: Any) -> dict[str, Any]:
         """Add walltime to an active cluster's job (``{"amount": "+30"}``); ExtendRefused with
         Slurm's words when the site does not allow it."""
         amount = body.get("amount") if isinstance(body, Mapping) else None
-        parse_extension(amount)
+        parse_extension(amount)  # a bad amount is refused before anything is looked up
         entry = await self._entry(cluster_id)
-        record = entry.record
-        if record is None or not entry.active or not record.job_id:
-            raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be extended")
-        slurm = scheduler_of(self.transports.for_target(record.target), record.job_id)
-        extension = await extend_walltime(slurm, record.job_id, amount)
+        record = usecases.active_record(entry, "be extended")
+        extension = await usecases.extend(self._held_or_from(record), amount, status=entry.status)
         log.info("extended job %s of %s by %d min", record.job_id, cluster_id, extension.minutes)
         self.inventory.expire()
         view = self.view(await self._entry(cluster_id))
@@ -231,9 +225,7 @@ class ClusterManager:
         if not off and body.get("maximum") is None:
             raise SpecError("maximum", None, "a whole number of Ray nodes in all (or off: true)")
         entry = await self._entry(cluster_id)
-        record = entry.record
-        if record is None or not entry.active or not record.job_id:
-            raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can adapt")
+        record = usecases.active_record(entry, "adapt")
         low, high = body.get("minimum"), body.get("maximum")
         idle, pending = body.get("idle_timeout"), body.get("max_pending")
         cluster = self._held_or_from(record)
@@ -252,14 +244,9 @@ class ClusterManager:
         nodes = body.get("nodes") if isinstance(body, Mapping) else None
         count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
         group = body.get("group") if isinstance(body, Mapping) else None
-        if group is not None:
-            checked_name("group", group)
         entry = await self._entry(cluster_id)
-        record = entry.record
-        if record is None or not entry.active or not record.job_id:
-            raise Conflict(f"{cluster_id} is {entry.state}: only an active cluster can be scaled")
-        cluster = self._held_or_from(record)
-        applied = await cluster.scale_or_ask_async(count, group, wait=False)
+        cluster = self._held_or_from(usecases.active_record(entry, "be scaled"))
+        applied = await usecases.scale(cluster, count, group, status=entry.status, wait=False)
         log.info("scaled %s to %s nodes (%s)", cluster_id, count, "here" if applied else "asked")
         self.inventory.expire()
         view = self.view(await self._entry(cluster_id))
@@ -271,11 +258,7 @@ class ClusterManager:
         scale and adapt requests, and cancels it when the server stops (unless detached).
         Its previous owner stands down at its next lease renewal (``owned by pid N on …``)."""
         entry = await self._entry(cluster_id)
-        record = entry.record
-        if record is None or not entry.active or not record.job_id:
-            raise Conflict(
-                f"{cluster_id} is {entry.state}: only an active cluster can be taken over"
-            )
+        record = usecases.active_record(entry, "be taken over")
         if not self.owns(cluster_id):
             cluster = self._clusters.get(cluster_id)  # held here, taken over since?
             if cluster is None:

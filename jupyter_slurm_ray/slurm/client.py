@@ -13,15 +13,16 @@ from __future__ import annotations
 import logging
 import re
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
 from ..naming import cluster_id_of_comment, cluster_id_of_worker_comment
 from ..scheduler.interface import Scheduler
+from ..scheduler.kind import EnclosingJob
 from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
-from ..transport import Transport
+from ..transport import CommandResult, Transport
 from .formats import expand_hostlist
 from .output import (
     ASSOCIATION_FIELDS,
@@ -62,6 +63,8 @@ LOCAL_MODE_HINT = (
 # read through the same stdin.) sbatch lets SBATCH_* variables override the script's #SBATCH
 # lines: the transport already runs Slurm commands without an enclosing job's input variables
 # (bootstrap/slurmenv.py), and this unsets any that a command prefix (a site's wrapper) set.
+# bash -c NAMED_NODE jsr-node ARGV…: ARGV run with its node's name in JSR_NODE
+_NAMED_NODE = 'export JSR_NODE="${SLURMD_NODENAME:-$(hostname -s)}"; exec "$@"'
 _SBATCH_STDIN = (
     'for v in $(env | sed -n "s/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/\\1/p"); do unset "$v"; done; '
     '[ $# = 0 ] || exec <"$1"; '
@@ -93,6 +96,14 @@ class SlurmClient(Scheduler):
     @classmethod
     def owns(cls, job_id: str) -> bool:
         return SLURM_JOB_ID.fullmatch(job_id) is not None
+
+    @classmethod
+    def enclosing(cls, environ: Mapping[str, str]) -> EnclosingJob | None:
+        job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+        if not job:
+            return None
+        count = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1"
+        return EnclosingJob(job, int(count) if count.isdigit() else 1)
 
     @classmethod
     def create(
@@ -295,6 +306,30 @@ class SlurmClient(Scheduler):
         if answer.returncode != 0:
             exc = CommandError(argv, answer.returncode, answer.stdout, answer.stderr)
             raise ExtendRefused(_slurm_message(exc))
+
+    node_runner = "srun"
+
+    async def run_on_nodes(
+        self,
+        job_id: str,
+        argv: Sequence[str],
+        *,
+        nodes: int,
+        hosts: str | None = None,
+        timeout: float = 30.0,
+    ) -> CommandResult:
+        """One ``srun --overlap`` step in the job's allocation, a task per node."""
+        where = [f"--nodelist={hosts}"] if hosts else []
+        step = [
+            "srun", f"--jobid={_job_id(job_id)}", "--overlap", f"--nodes={nodes}",
+            f"--ntasks={nodes}", *where, "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+            "bash", "-c", _NAMED_NODE, "jsr-node", *argv,
+        ]  # fmt: skip
+        self.commands_run += 1
+        try:
+            return await self.transport.run(step, timeout=timeout, check=False)
+        except TransportError as exc:
+            raise SlurmUnavailable(f"srun: {exc}") from None
 
     async def node_reasons(self, nodes: Sequence[str]) -> dict[str, str]:
         """Slurm's reason for each of ``nodes`` that is down, drained or failing."""

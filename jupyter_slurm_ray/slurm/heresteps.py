@@ -41,7 +41,7 @@ from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..naming import allocation_of, is_here_job_id
 from ..scheduler.interface import Scheduler
 from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
-from ..transport import Transport
+from ..transport import CommandResult, Transport
 from .client import SlurmClient, is_script_text, run_program, script_options
 
 if TYPE_CHECKING:
@@ -389,6 +389,23 @@ class HereSteps(Scheduler):
             if time.monotonic() >= deadline or await self._ended(step_id):
                 return
             await asyncio.sleep(0.5)
+
+    node_runner = SlurmClient.node_runner
+
+    async def run_on_nodes(
+        self,
+        job_id: str,
+        argv: Sequence[str],
+        *,
+        nodes: int,
+        hosts: str | None = None,
+        timeout: float = 30.0,
+    ) -> CommandResult:
+        """On the nodes of a --here cluster's allocation (or of a Slurm job)."""
+        allocation = allocation_of(job_id) if is_here_job_id(job_id) else job_id
+        return await self.slurm.run_on_nodes(
+            allocation, argv, nodes=nodes, hosts=hosts, timeout=timeout
+        )
 
     async def extend(self, job_id: str, minutes: int) -> None:
         if not is_here_job_id(str(job_id)):

@@ -38,6 +38,8 @@ class Usage:
     gpu_seconds: float = 0.0  # allocated: GPUs × elapsed
     cpu_used: float = 0.0  # TotalCPU of the steps (Slurm records it when a step ends)
     max_rss_by_node: dict[str, int] = field(default_factory=dict)  # bytes
+    # accounting has no record of the jobs yet: it may have soon (slurmdbd lags a little)
+    unrecorded: bool = False
 
     @property
     def available(self) -> bool:
@@ -190,5 +192,5 @@ async def fetch_usages(
 
 def _usage_or_why(key: tuple[str, ...], rows: Sequence[UsageRow]) -> Usage:
     if not any(r.step is None and r.allocation in key for r in rows):
-        return Usage(key, unavailable="sacct has no record of the job (yet)")
+        return Usage(key, unavailable="sacct has no record of the job (yet)", unrecorded=True)
     return usage_of_rows(key, rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import usecases
 from ..aio import run_sync
 from ..config import resolve_spec
 from ..elastic.workerjobs import checked_node_count
@@ -19,7 +20,6 @@ from ..registry import ClusterRecord
 from ..session import Session
 from ..slurm.client import SlurmClient
 from ..slurm.walltime import parse_extension
-from ..spec.groups import checked_name
 from ..transport import LocalTransport, Transport
 from .formatting import extension_line, format_bytes, format_table, status_line
 
@@ -74,11 +74,9 @@ def scale(
     all (or, with a worker ``group``, to ``nodes`` worker jobs of it). Its owner scales it;
     any other process asks the owner (a ``scale_request`` event)."""
     count = checked_node_count(nodes, 0)  # a bad N is refused before anything is looked up
-    if group is not None:
-        checked_name("group", group)
     cluster = session.find(name)
     of = f" of group {group}" if group else ""
-    if not cluster.scale_or_ask(count, group):
+    if not run_sync(usecases.scale(cluster, count, group)):
         return [
             f"{cluster.spec.name}: scaling to {count} nodes{of} asked of its owner (it applies it)"
         ]
@@ -90,11 +88,11 @@ def scale(
 
 
 def extend(session: Session, name: str | None, amount: str) -> list[str]:
-    """Add walltime to the cluster ``name`` (None: this kernel's current one) with
-    ``scontrol update``; ExtendRefused carries Slurm's words and what to do."""
+    """Add walltime to the cluster ``name`` (None: this kernel's current one); ExtendRefused
+    carries the scheduler's words and what to do."""
     parse_extension(amount)  # a bad amount is refused before anything is looked up
     cluster = session.find(name)
-    done = cluster.extend(amount)
+    done = run_sync(usecases.extend(cluster, amount))
     return [extension_line(cluster.spec.name, done.minutes, done.time_left, done.time_limit)]
 
 
@@ -118,17 +116,10 @@ def forget(session: Session, name: str | None, *, ended: bool = False) -> list[s
             return ["no ended clusters"]
     else:
         chosen = [_entry_named(entries, name or "")]
-    registry = session.registry()
-    lines = []
-    for entry in chosen:
-        if entry.active:
-            raise SlurmRayError(
-                f"{entry.id} is {entry.state}: stop it first (down), then forget it"
-            )
-        registry.delete(entry.id)
-        what = "unreadable record" if entry.unreadable else entry.state
-        lines.append(f"forgot {entry.id} ({what})")
-    return lines
+    forgotten = usecases.forget(session.registry(), chosen)
+    return [
+        f"forgot {f.id} ({'unreadable record' if f.unreadable else f.state})" for f in forgotten
+    ]
 
 
 def _entry_named(entries: list[Entry], name: str) -> Entry:

@@ -118,7 +118,7 @@ async def settled_usage(
     usage = await fetch_usage(cluster.transport, job_ids, max_age=0)
     for _ in range(attempts - 1):
         waiting = usage.available and not usage.final
-        if not (waiting or (usage.unavailable or "").startswith("sacct has no record")):
+        if not (waiting or usage.unrecorded):
             break
         await asyncio.sleep(pause)
         usage = await fetch_usage(cluster.transport, job_ids, max_age=0)

@@ -30,9 +30,9 @@ from ..config import (
 from ..config import resolve_spec as resolve_settings
 from ..errors import SlurmRayError, SpecError
 from ..session import get_session
-from ..slurm.sitecheck import check_with_slurm
 from ..spec import ClusterSpec, ignored_by_mode
 from ..states import State
+from ..usecases import submit
 from . import commands
 from .adaptcommand import adapt_command
 from .clientlimits import explain_ray_client_limits
@@ -149,13 +149,10 @@ class SlurmRayMagics(Magics):
         spec = self._complete(args, cell)
         if not args.no_connect:
             self._refuse_second_connection(None)
-        checked = run_sync(check_with_slurm(spec, self.session.transport()))
-        for note in checked.notes:
-            print(f"note: {note}")
         cluster = self.session.new_cluster(spec)
         progress = self._show_live(cluster)
         try:
-            cluster.up(wait=False, connect=not args.no_connect)  # nothing queued: no record left
+            run_sync(submit(cluster, connect=not args.no_connect, tell=_print_note))
             self.session.adopt(cluster)
             if args.detach:
                 cluster.detach()
@@ -288,6 +285,10 @@ class SlurmRayMagics(Magics):
         from .widget import ClusterPanel
 
         display(ClusterPanel(session=self.session))
+
+
+def _print_note(note: str) -> None:
+    print(f"note: {note}")
 
 
 def load_ipython_extension(ipython: Any) -> None:

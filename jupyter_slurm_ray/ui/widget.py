@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
-import os
 from collections.abc import Coroutine
 from typing import Any
 
@@ -22,15 +21,16 @@ from ..aio import background_loop, run_sync
 from ..cluster import SlurmRayCluster
 from ..config import Profile, effective_setting, load_profiles, profiles_path, resolve_spec
 from ..errors import SlurmRayError
-from ..scheduler.kinds import kind_for_mode
+from ..scheduler.kinds import enclosing_job, kind_for_mode
 from ..scheduler.records import Partition
 from ..session import Session, get_session
 from ..slurm.accounting import Accounting, load_accounting
 from ..slurm.client import SlurmClient
 from ..slurm.memorypolicy import MemoryPolicy, load_memory_policy
-from ..slurm.sitecheck import check_spec, check_with_slurm, describe_partition
+from ..slurm.sitecheck import check_spec, describe_partition
 from ..spec import ClusterSpec
 from ..states import State, Status
+from ..usecases import scale, submit
 from .live import StatusView
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class ClusterPanel(widgets.VBox):
         default = self.accounting.default_account
         options = [(name + (" (default)" if name == default else ""), name) for name in accounts]
         if wanted and wanted not in accounts:
-            options.append((f"{wanted} (not yours, per sacctmgr)", wanted))
+            options.append((f"{wanted} (not yours, per Slurm's accounting)", wanted))
         self.account.options = options or [("(Slurm's default)", "")]
         values = [value for _, value in self.account.options]
         self.account.value = (
@@ -231,7 +231,7 @@ class ClusterPanel(widgets.VBox):
         default = self.accounting.default_qos(account, partition) if account else None
         options = [(name + (" (default)" if name == default else ""), name) for name in names]
         if wanted and wanted not in names:
-            options.append((f"{wanted} (not allowed, per sacctmgr)", wanted))
+            options.append((f"{wanted} (not allowed, per Slurm's accounting)", wanted))
         current = self.qos.value
         self.qos.options = options or [("(Slurm's default)", "")]
         values = [value for _, value in self.qos.options]
@@ -315,14 +315,11 @@ class ClusterPanel(widgets.VBox):
         if target < cluster.spec.nodes:
             self._note(f"{cluster.spec.name} has only its own allocation left to keep")
             return
-        self._run(cluster.scale_or_ask_async(target))
+        self._run(scale(cluster, target))
         self._note(f"scaling {cluster.spec.name} to {target} nodes")
 
     async def _up(self, cluster: SlurmRayCluster) -> None:
-        checked = await check_with_slurm(cluster.spec, cluster.transport)  # as the magic does
-        for note in checked.notes:
-            self._note(f"note: {note}")
-        await cluster.up_async(wait=False)  # nothing queued: no record left
+        await submit(cluster, tell=lambda note: self._note(f"note: {note}"))
         if cluster.id in self._stop_requested:  # Stop was clicked during the submit
             await cluster.down_async()
             return
@@ -401,8 +398,6 @@ class ClusterPanel(widgets.VBox):
 
 
 def _allocation_nodes() -> int:
-    """The nodes of the Slurm allocation this kernel runs in (0: it runs in none)."""
-    if not os.environ.get("SLURM_JOB_ID"):
-        return 0
-    count = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
-    return int(count) if count.isdigit() else 1
+    """The nodes of the allocation this kernel runs in (0: it runs in none)."""
+    job = enclosing_job()
+    return job.nodes if job is not None else 0

@@ -37,6 +37,7 @@ from jupyter_slurm_ray.errors import ConnectError, SpecError
 from jupyter_slurm_ray.job.directory import JobDir
 from jupyter_slurm_ray.job.shipping import bootstrap_files
 from jupyter_slurm_ray.registry import ClusterRecord, Registry
+from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.spec import ClusterSpec
 from jupyter_slurm_ray.states import State, Status, record_fields, status_of_record
 from jupyter_slurm_ray.transport import CommandResult, LocalTransport
@@ -205,15 +206,15 @@ class ScriptedSrun(LocalTransport):
 
 async def test_the_reach_check_names_the_nodes_that_could_not_connect() -> None:
     every = ScriptedSrun("JSR-REACH ok node1\nJSR-REACH ok node2\n")
-    assert await nodes_reach(every, "12", 2, "10.0.0.5", 30001) is None
+    assert await nodes_reach(SlurmClient(every), "12", 2, "10.0.0.5", 30001) is None
     argv = every.argvs[0]
     assert argv[:3] == ["srun", "--jobid=12", "--overlap"] and argv[-2:] == ["10.0.0.5", "30001"]
     one = ScriptedSrun("JSR-REACH ok node1\nJSR-REACH failed node2\n")
-    assert await nodes_reach(one, "12", 2, "10.0.0.5", 30001) == (
+    assert await nodes_reach(SlurmClient(one), "12", 2, "10.0.0.5", 30001) == (
         "node2 cannot reach this kernel's Ray node at 10.0.0.5:30001"
     )
     refused = ScriptedSrun("", "srun: error: Unable to create step for job 12: Access denied", 1)
-    said = await nodes_reach(refused, "12", 2, "10.0.0.5", 30001)
+    said = await nodes_reach(SlurmClient(refused), "12", 2, "10.0.0.5", 30001)
     assert said is not None and said.startswith("the reach check (srun) answered for 0 of 2")
     assert said.endswith("Access denied")
 

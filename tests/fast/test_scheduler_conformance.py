@@ -185,3 +185,20 @@ async def test_what_it_cannot_do_is_an_empty_answer_or_a_refusal_in_its_words(
     assert isinstance(told, SlurmUnavailable) and str(told).startswith(str(silence))
     if isinstance(jobs, SlurmClient | HereSteps):  # no Slurm here? then local mode
         assert "--local" in str(told)
+
+
+async def test_a_command_runs_on_each_node_of_a_running_job_or_is_refused_in_its_words(
+    bench: Bench, tmp_path
+):
+    """``run_on_nodes`` (the driver's reach check): each run knows its node as ``JSR_NODE``;
+    a system that cannot run one says so, naming itself."""
+    job_id, job_dir = await submitted(bench, tmp_path)
+    bench.start(job_id)
+    argv = ["sh", "-c", 'echo "on $JSR_NODE"']
+    if not bench.scheduler.node_runner:
+        with pytest.raises(SlurmError, match=bench.scheduler.system):
+            await bench.scheduler.run_on_nodes(job_id, argv, nodes=1)
+    else:
+        result = await bench.scheduler.run_on_nodes(job_id, argv, nodes=1)
+        assert (result.returncode, result.stdout) == (0, "on node1\n")
+    bench.finish(job_id, job_dir, 0)

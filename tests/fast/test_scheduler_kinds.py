@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_slurm_ray.client.mode import KernelPlace
 from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.scheduler import kinds, modes
+from jupyter_slurm_ray.scheduler.kind import EnclosingJob
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.heresteps import HereSteps
 from jupyter_slurm_ray.slurm.localjobs import LocalJobs
@@ -91,6 +93,17 @@ async def test_each_kind_says_why_accounting_has_no_usage_of_its_jobs() -> None:
     usage = await fetch_usages(LocalTransport(), [("local-5",), ("here-77-5", "78")])
     assert usage[("local-5",)].unavailable == "local mode has no Slurm accounting"
     assert "allocation 77's usage" in usage[("here-77-5", "78")].unavailable
+
+
+def test_the_job_a_kernel_runs_in_is_found_by_the_kind_that_knows_its_environment(toy) -> None:
+    """The panel's --here box, the driver check and doctor ask ``enclosing_job``; Slurm's
+    variables are read in Slurm's scheduler alone, and a new kind's are found the same way."""
+    slurm_job = {"SLURM_JOB_ID": "41", "SLURM_JOB_NUM_NODES": "3"}
+    assert kinds.enclosing_job(slurm_job) == EnclosingJob("41", 3)
+    assert kinds.enclosing_job({"SLURM_JOBID": "42"}) == EnclosingJob("42", 1)
+    assert kinds.enclosing_job({"TOY_JOB_ID": "toy-3"}) == EnclosingJob("toy-3", 1)
+    assert kinds.enclosing_job({}) is None
+    assert KernelPlace.here(environ={"TOY_JOB_ID": "toy-3"}).slurm_job == "toy-3"
 
 
 def test_a_broken_registration_is_left_out_with_a_warning(

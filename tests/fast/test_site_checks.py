@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from jupyter_slurm_ray.cluster import SlurmRayCluster
 from jupyter_slurm_ray.config import SlurmRay
 from jupyter_slurm_ray.errors import LimitError, SlurmRayError, SpecError
 from jupyter_slurm_ray.registry import Registry
@@ -191,11 +192,11 @@ def test_the_magic_refuses_before_submitting(magic, slurm, transport, options, e
 
 
 def test_the_magic_says_when_accounts_were_not_checked(magic, slurm, transport, monkeypatch):
-    def stop_here(self, spec):
+    async def stop_here(self, *args, **options):
         raise SlurmRayError("stopped here by the test")
 
     forget_cached(transport)
-    monkeypatch.setattr(Session, "new_cluster", stop_here)  # the check ran; submit nothing
+    monkeypatch.setattr(SlurmRayCluster, "up_async", stop_here)  # the check ran; submit nothing
     out, err, _ = magic.run("%slurm_ray up --name skipped")
     assert "note: account and QOS not checked: Slurm's accounting did not answer" in out
     assert "stopped here by the test" in one_line_error(err)

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import os
 import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +30,9 @@ from jupyter_slurm_ray.ui.formatting import format_duration
 
 #: Real output of Slurm 22.05 (tests/resources/slurm-output/), for what the fake does not make up.
 RECORDED = Path(__file__).parent.parent / "resources" / "slurm-output" / "22.05.8"
-SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr")
+SLURM_COMMANDS = (
+    "sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr", "srun"
+)  # fmt: skip
 NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 #: sinfo's partition lines (``%R|%a|%F|%c|%m|%G|%l|%P``) as the real testbed prints them.
 TESTBED_PARTITIONS = (
@@ -221,6 +224,26 @@ class FakeSlurm:
         job.time_limit = format_duration((parse_duration(job.time_limit) or 0) + added)
         job.time_left = format_duration((parse_duration(job.time_left) or 0) + added)
         return _result(argv, 0, "")
+
+    def _srun(self, argv: list[str]) -> CommandResult:
+        """srun --jobid=J --nodes=N … COMMAND…: COMMAND run here once per node of the running
+        job, with that node's SLURMD_NODENAME, as a step would on each node."""
+        options = dict(a[2:].partition("=")[::2] for a in argv[1:] if a.startswith("--"))
+        job = self.jobs.get(options.get("jobid", ""))
+        if job is None or job.state != "RUNNING":
+            why = f"Unable to create step for job {options.get('jobid')}: Invalid job id"
+            return _result(argv, 1, "", f"srun: error: {why}")
+        command = argv[next(i for i, a in enumerate(argv) if i and not a.startswith("--")) :]
+        nodes = job.nodes.split(",")[: int(options.get("nodes", "1"))]
+        runs = [
+            subprocess.run(
+                command, capture_output=True, text=True, timeout=10, check=False,
+                env={**os.environ, "SLURMD_NODENAME": node},
+            )
+            for node in nodes
+        ]  # fmt: skip
+        code = max(run.returncode for run in runs)
+        return _result(argv, code, "".join(r.stdout for r in runs), "".join(r.stderr for r in runs))
 
     def _scancel(self, argv: list[str]) -> CommandResult:
         job = self.jobs.get(argv[-1])

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from jupyter_slurm_ray.errors import SlurmError
 from jupyter_slurm_ray.scheduler.interface import Scheduler
+from jupyter_slurm_ray.scheduler.kind import EnclosingJob
 from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.transport import Transport
 
@@ -38,6 +39,11 @@ class ToyScheduler(Scheduler):
     @classmethod
     def refusal(cls, name: str, value: object, settings: Mapping[str, object]) -> str | None:
         return None if value is None else f"unset with the toy scheduler: {cls.decided[name]}"
+
+    @classmethod
+    def enclosing(cls, environ: Mapping[str, str]) -> EnclosingJob | None:
+        job = environ.get("TOY_JOB_ID")
+        return EnclosingJob(job, 1) if job else None
 
     @classmethod
     def owns(cls, job_id: str) -> bool:
