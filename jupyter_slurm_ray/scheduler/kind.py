@@ -51,6 +51,12 @@ class SchedulerKind:
         return None
 
     @classmethod
+    def option_refusal(cls, name: str) -> str | None:
+        """Why its job may not be given the extra long option ``name`` (``extra_sbatch``'s;
+        None: it may): an option the package writes itself, or one that breaks its job."""
+        return None
+
+    @classmethod
     def owns(cls, job_id: str) -> bool:
         """Whether ``job_id`` has the form of this system's job ids."""
         return False

@@ -23,6 +23,7 @@ from ..scheduler.interface import Scheduler
 from ..scheduler.kind import EnclosingJob
 from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
 from ..transport import CommandResult, Transport
+from . import options
 from .formats import expand_hostlist
 from .output import (
     ASSOCIATION_FIELDS,
@@ -96,6 +97,10 @@ class SlurmClient(Scheduler):
     @classmethod
     def owns(cls, job_id: str) -> bool:
         return SLURM_JOB_ID.fullmatch(job_id) is not None
+
+    @classmethod
+    def option_refusal(cls, name: str) -> str | None:
+        return options.option_refusal(name)
 
     @classmethod
     def enclosing(cls, environ: Mapping[str, str]) -> EnclosingJob | None:

@@ -36,6 +36,7 @@ from ..scheduler.interface import Scheduler
 from ..scheduler.records import JobInfo
 from ..spec.checks import parse_walltime
 from .client import is_script_text, run_program, script_options
+from .options import option_refusal
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,10 @@ class LocalJobs(Scheduler):
     mode = "local"
     on_this_machine = True
     decided = MappingProxyType({"nodes": "local mode runs one node"})
+
+    @classmethod
+    def option_refusal(cls, name: str) -> str | None:
+        return option_refusal(name)  # its job script is Slurm's, read as sbatch would
 
     @classmethod
     def refusal(cls, name: str, value: object, settings: Mapping[str, object]) -> str | None:

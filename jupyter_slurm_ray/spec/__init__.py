@@ -48,10 +48,11 @@ from .checks import (
     python_command,
     ray_start_options,
     registered_mode,
-    sbatch_options,
+    scheduler_options,
     seconds,
     setup_lines,
     single_line,
+    split_long_option,
     walltime,
 )
 from .environment import export_env_entries
@@ -174,7 +175,7 @@ class ClusterSpec:
     )
     exclusive: bool = _setting(False, flag, "flag", "Whole nodes (sbatch --exclusive).")
     extra_sbatch: tuple[str, ...] = _setting(
-        (), sbatch_options, "lines", "More sbatch long options, one per entry (--name=value)."
+        (), scheduler_options, "lines", "More sbatch long options, one per entry (--name=value)."
     )
     # -- how Ray starts ---------------------------------------------------------------------
     setup: tuple[str, ...] = _setting(
@@ -365,6 +366,7 @@ class ClusterSpec:
             object.__setattr__(self, spec_field.name, value)
         self._check_ports()
         self._check_decided()
+        self._check_options()
         if self.environment == "pack" and self.container is not None:
             allowed = "'kernel' when container is set (Ray comes from the image)"
             raise SpecError("environment", "pack", allowed)
@@ -385,6 +387,15 @@ class ClusterSpec:
         if base is not None and base + block - 1 > 65535:
             allowed = f"a port from 1024 to {65536 - block}, so that its {block} ports fit"
             raise SpecError("fixed_port_base", base, allowed)
+
+    def _check_options(self) -> None:
+        """The extra options of the job, each asked of the scheduler that reads them."""
+        kind = self.scheduler_kind
+        for entry in self.extra_sbatch:
+            name, _ = split_long_option("extra_sbatch", entry)
+            refusal = kind.option_refusal(name)
+            if refusal:
+                raise SpecError("extra_sbatch", entry, refusal)
 
     def _check_decided(self) -> None:
         """What the mode's scheduler decides itself (mode 'here': the allocation's nodes,

@@ -332,73 +332,6 @@ def _env_pair(field: str, name: Any, text: Any, allowed: str) -> tuple[str, str]
 
 _LONG_ONLY = "only long options are allowed, one per entry: --name or --name=value"
 
-# Options this package writes itself, with what to use instead. sbatch (getopt_long) also
-# accepts any unambiguous abbreviation, so a prefix of one of these is refused too.
-_SBATCH_OWN = {
-    "--job-name": "use the name setting",
-    "--comment": "it marks the job as this package's",
-    "--nodes": "use the nodes setting",
-    "--ntasks-per-node": "the bootstrap runs one task per node",
-    "--cpus-per-task": "use the cpus_per_node setting",
-    "--time": "use the time setting",
-    "--partition": "use the partition setting",
-    "--account": "use the account setting",
-    "--qos": "use the qos setting",
-    "--constraint": "use the constraint setting",
-    "--reservation": "use the reservation setting",
-    "--mem": "use the mem_per_node setting",
-    "--gpus-per-node": "use the gpus_per_node setting",
-    "--exclusive": "use the exclusive setting",
-    "--chdir": "the job runs in its job dir, where the bootstrap and its files are",
-    "--output": (
-        "the job writes slurm-<job>.out in its own job dir (%slurm_ray logs shows it); "
-        "no other place is allowed: it could be another user's"
-    ),
-    "--error": (
-        "the job writes slurm-<job>.err in its own job dir (%slurm_ray logs shows it); "
-        "no other place is allowed: it could be another user's"
-    ),
-    "--signal": "use the walltime_warning setting (the bootstrap's warning and clean stop)",
-    "--export": (
-        "the job's environment is an allow-list (script() shows it): name more variables "
-        "in export_env, or set them with env"
-    ),
-    "--wrap": "the job script is generated",
-    "--parsable": "the package reads sbatch's output itself",
-}
-_SBATCH_REFUSED = {
-    "--ntasks": "the bootstrap runs one task per node",
-    "--tasks": "the bootstrap runs one task per node",
-    "--gpus": "use the gpus_per_node setting",
-    "--workdir": "the job runs in its job directory",
-    "--array": "one cluster is one job, not an array",
-    "--wait": "sbatch must return once the job is queued",
-    "--test-only": "the job must really be submitted",
-    "--help": "sbatch would not submit the job",
-    "--usage": "sbatch would not submit the job",
-    "--version": "sbatch would not submit the job",
-    "--quiet": "sbatch would not print the job's id, which the package reads",
-    "--requeue": (
-        "a requeued job would start a second Ray cluster the kernel is not connected to "
-        "(the cluster's jobs are --no-requeue)"
-    ),
-    "--export-file": (
-        "the job's environment is an allow-list: name variables in export_env, or set them with env"
-    ),
-    "--get-user-env": (
-        "it would load your whole login environment into the job: name variables in "
-        "export_env, or set them with env"
-    ),
-    "--uid": "the job runs as you",
-    "--gid": "the job runs with your groups",
-    "--clusters": "the package follows its jobs on this cluster only (squeue, scancel)",
-    "--cluster": "the package follows its jobs on this cluster only (squeue, scancel)",
-    "--container": (
-        "Slurm's OCI container would run the bootstrap in it; use the container setting "
-        "(Ray in the image, the bootstrap on the node)"
-    ),
-}
-
 # `ray start` options the bootstrap pins (ports, addresses, resources, lifetime). Ray's CLI
 # (click) takes no abbreviations, so exact names suffice.
 _RAY_PINNED = dict.fromkeys(
@@ -432,34 +365,19 @@ _RAY_PINNED = dict.fromkeys(
 }
 
 
-def _split_long_option(field: str, entry: str) -> tuple[str, str | None]:
+def split_long_option(field: str, entry: str) -> tuple[str, str | None]:
     match = _LONG_OPTION.fullmatch(entry)
     if not match:
         raise SpecError(field, entry, _LONG_ONLY)
     return match.group(1), match.group(2)
 
 
-def _sbatch_refusal(name: str) -> str | None:
-    if name in _SBATCH_OWN:
-        return f"{name} is set by jupyter_slurm_ray: {_SBATCH_OWN[name]}"
-    if name in _SBATCH_REFUSED:
-        return f"{name} is refused: {_SBATCH_REFUSED[name]}"
-    for option, reason in _SBATCH_OWN.items():
-        if option.startswith(name):
-            return f"{name} abbreviates {option}, which is set by jupyter_slurm_ray: {reason}"
-    for option, reason in _SBATCH_REFUSED.items():
-        if option.startswith(name):
-            return f"{name} abbreviates {option}, which is refused: {reason}"
-    return None
-
-
-def sbatch_options(field: str, value: Any) -> tuple[str, ...]:
+def scheduler_options(field: str, value: Any) -> tuple[str, ...]:
+    """More options of the scheduler's job, each a long option; which the scheduler refuses
+    is its own word (``SchedulerKind.option_refusal``, asked by the spec)."""
     entries = _string_tuple(field, value, _LONG_ONLY)
     for entry in entries:
-        name, option_value = _split_long_option(field, entry)
-        refusal = _sbatch_refusal(name)
-        if refusal:
-            raise SpecError(field, entry, refusal)
+        _, option_value = split_long_option(field, entry)
         # sbatch reads a backslash as an escape even inside quotes: refuse rather than re-quote.
         if option_value is not None and (_CONTROL.search(option_value) or "\\" in option_value):
             raise SpecError(field, entry, "a value without control characters or backslashes")
@@ -470,7 +388,7 @@ def sbatch_options(field: str, value: Any) -> tuple[str, ...]:
 def ray_start_options(field: str, value: Any) -> tuple[str, ...]:
     entries = _string_tuple(field, value, _LONG_ONLY)
     for entry in entries:
-        name, option_value = _split_long_option(field, entry)
+        name, option_value = split_long_option(field, entry)
         if name in _RAY_PINNED:
             raise SpecError(
                 field, entry, f"{name} is set by jupyter_slurm_ray: {_RAY_PINNED[name]}"

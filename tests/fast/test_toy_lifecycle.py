@@ -97,3 +97,14 @@ def test_what_the_toy_decides_is_left_out_of_the_configuration_and_refused_when_
     assert refused.value.field == "partition"
     assert "unset with the toy scheduler: the toy scheduler has one queue" in str(refused.value)
     assert ClusterSpec(mode="toy").needs_walltime  # the toy decides no walltime
+
+
+def test_a_jobs_extra_options_are_refused_by_the_scheduler_that_reads_them(toy) -> None:
+    """Slurm's own options (``--time``: the time setting) are Slurm's to refuse; the toy
+    refuses its own, and Slurm's table is not asked for it."""
+    with pytest.raises(SpecError, match="--time is set by jupyter_slurm_ray: use the time"):
+        ClusterSpec(extra_sbatch=("--time=5",))
+    assert ClusterSpec(mode="toy", extra_sbatch=("--time=5",)).extra_sbatch == ("--time=5",)
+    with pytest.raises(SpecError, match="the toy scheduler has one queue") as refused:
+        ClusterSpec(mode="toy", extra_sbatch=("--queue=fast",))
+    assert refused.value.field == "extra_sbatch"

@@ -41,6 +41,10 @@ class ToyScheduler(Scheduler):
         return None if value is None else f"unset with the toy scheduler: {cls.decided[name]}"
 
     @classmethod
+    def option_refusal(cls, name: str) -> str | None:
+        return "the toy scheduler has one queue" if name == "--queue" else None
+
+    @classmethod
     def enclosing(cls, environ: Mapping[str, str]) -> EnclosingJob | None:
         job = environ.get("TOY_JOB_ID")
         return EnclosingJob(job, 1) if job else None
