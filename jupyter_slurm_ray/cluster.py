@@ -54,8 +54,6 @@ from .registry import ClusterRecord, Registry
 from .scheduler.interface import Scheduler
 from .scheduler.kinds import kind_for_mode
 from .scheduler.records import JobInfo
-from .slurm.hereplan import head_step, plan_here, planned_spec
-from .slurm.heresteps import HereSteps
 from .slurm.schedulers import scheduler_for_mode, watcher_for
 from .slurm.usage import LIVE_SECONDS, Usage, fetch_usage
 from .slurm.walltime import Extension, extend_walltime
@@ -365,14 +363,10 @@ class SlurmRayCluster:
     up = blocking(up_async)
 
     async def _scheduler_for_up(self) -> Scheduler:
-        """What starts the job: the cluster's scheduler, or with mode 'here' the head's step
-        in this kernel's allocation, once the allocation is checked (SpecError naming the
-        setting that does not fit) and the spec says where it runs (its nodes and CPUs)."""
-        if self.spec.mode != "here":
-            return self.slurm
-        plan = await plan_here(self.transport, self.spec)
-        self.spec = planned_spec(self.spec, plan)
-        return HereSteps(self.transport, head=head_step(plan, self.spec))
+        """What starts the job, once its scheduler made the spec what will run
+        (``Scheduler.for_request``: mode 'here' plans it in this kernel's allocation)."""
+        self.spec, scheduler = await self.slurm.for_request(self.spec)
+        return scheduler
 
     async def wait_up_async(
         self,

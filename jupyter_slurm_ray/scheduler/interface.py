@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ..errors import ExtendRefused, SlurmError, SlurmUnavailable
 from ..transport import CommandResult, Transport
 from .kind import SchedulerKind
 from .records import Association, JobInfo, Partition, Qos, UsageRow
 
-__all__ = ["Scheduler"]
+__all__ = ["RequestT", "Scheduler"]
+
+#: what a cluster asks of a scheduler (a ``ClusterSpec``, which this interface stands under)
+RequestT = TypeVar("RequestT")
 
 
 class Scheduler(SchedulerKind, ABC):
@@ -71,6 +74,12 @@ class Scheduler(SchedulerKind, ABC):
     def unreachable(self, silence: SlurmUnavailable) -> SlurmUnavailable:
         """What the user is told when the system did not answer (and what to do)."""
         return silence
+
+    async def for_request(self, request: RequestT) -> tuple[RequestT, Scheduler]:
+        """The request (a ``ClusterSpec``) as it will run, and the scheduler that submits it:
+        most take it as it is and submit it themselves; the ``--here`` steps plan it in the
+        kernel's allocation first (SpecError naming the setting that does not fit)."""
+        return request, self
 
     # -- what only some systems have --------------------------------------------------------
     async def partitions(self) -> list[Partition]:

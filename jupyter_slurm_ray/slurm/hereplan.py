@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ..errors import SlurmError, SpecError
 from ..spec import ClusterSpec
 from ..transport import Transport
+from .client import SlurmClient
 from .formats import expand_hostlist
-from .heresteps import HeadStep, HereSteps
 
 __all__ = [
     "AllocatedNode",
@@ -149,9 +149,16 @@ async def plan_here(
     return HerePlan(job, hosts, cpus, kernel if kernel in allocation.hosts else None)
 
 
+async def _show_job(transport: Transport, job_id: str) -> str:
+    """``scontrol show job -d -o`` of one job (SlurmError in Slurm's words)."""
+    if not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
+        raise SlurmError(f"not a Slurm job id: {job_id!r}")
+    return await SlurmClient(transport).output(["scontrol", "show", "job", "-d", "-o", job_id])
+
+
 async def read_allocation(transport: Transport, job: str) -> Allocation:
     try:
-        out = await HereSteps(transport).show_job(job)
+        out = await _show_job(transport, job)
     except SlurmError as exc:
         if "invalid job id" not in str(exc).lower():
             raise
@@ -275,6 +282,19 @@ def planned_spec(spec: ClusterSpec, plan: HerePlan) -> ClusterSpec:
         cpus_per_node=plan.cpus,
         here_kernel_tasks=spec.here_kernel_tasks or not plan.kernel_is_head,
     )
+
+
+@dataclass(frozen=True)
+class HeadStep:
+    """What ``submit`` starts: the head's step in ``allocation`` (srun's ``options`` for its
+    one task), for a cluster on ``hosts`` (the head first)."""
+
+    allocation: str
+    hosts: tuple[str, ...]
+    options: tuple[str, ...]
+
+    def srun_options(self) -> list[str]:
+        return ["--overlap", *self.options, "--kill-on-bad-exit=0"]
 
 
 def head_step(plan: HerePlan, spec: ClusterSpec) -> HeadStep:

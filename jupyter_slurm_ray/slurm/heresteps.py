@@ -34,21 +34,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..naming import allocation_of, is_here_job_id
-from ..scheduler.interface import Scheduler
+from ..scheduler.interface import RequestT, Scheduler
 from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
+from ..spec import ClusterSpec
 from ..transport import CommandResult, Transport
 from .client import SlurmClient, is_script_text, run_program, script_options
+from .hereplan import HeadStep, head_step, plan_here, planned_spec
 
 if TYPE_CHECKING:
     from .queuecache import SharedQueue
 
 __all__ = [
-    "HeadStep",
     "HereSteps",
     "StepRun",
     "allocation_of",
@@ -131,19 +132,6 @@ fi
 """.replace("__STATE__", STATE_DIR)
 
 _ENDED = '[ -e "__STATE__/$1.exit" ]'.replace("__STATE__", STATE_DIR)
-
-
-@dataclass(frozen=True)
-class HeadStep:
-    """What ``submit`` starts: the head's step in ``allocation`` (srun's ``options`` for its
-    one task), for a cluster on ``hosts`` (the head first)."""
-
-    allocation: str
-    hosts: tuple[str, ...]
-    options: tuple[str, ...]
-
-    def srun_options(self) -> list[str]:
-        return ["--overlap", *self.options, "--kill-on-bad-exit=0"]
 
 
 @dataclass(frozen=True)
@@ -289,6 +277,17 @@ class HereSteps(Scheduler):
     def owns(cls, job_id: str) -> bool:
         return is_here_job_id(job_id)
 
+    async def for_request(self, request: RequestT) -> tuple[RequestT, Scheduler]:
+        """The cluster planned in the kernel's allocation (SpecError naming the setting that
+        does not fit): its nodes the chosen hosts, its CPUs the plan's; submitted as the head's
+        step there."""
+        if not isinstance(request, ClusterSpec):
+            return request, self
+        plan = await plan_here(self.transport, request)
+        spec = planned_spec(request, plan)
+        steps = HereSteps(self.transport, head=head_step(plan, spec), timeout=self.timeout)
+        return cast(RequestT, spec), steps
+
     @classmethod
     def create(
         cls, transport: Transport, *, timeout: float = 30.0, shared: Any = None
@@ -416,12 +415,6 @@ class HereSteps(Scheduler):
             f"allocation itself (scontrol update JobId={allocation} TimeLimit=+{minutes}, where "
             "the site allows it)"
         )
-
-    async def show_job(self, job_id: str) -> str:
-        """``scontrol show job -d -o`` of one job (SlurmError in Slurm's words)."""
-        if not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
-            raise SlurmError(f"not a Slurm job id: {job_id!r}")
-        return await self.slurm.output(["scontrol", "show", "job", "-d", "-o", job_id])
 
     # -- watching -------------------------------------------------------------------------------
     async def query(self, job_ids: Iterable[str], *, max_age: float = 0.0) -> dict[str, JobInfo]:
