@@ -119,12 +119,14 @@ async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck
 
     Local mode asks Slurm nothing; when Slurm does not answer, the error says how to run
     without it (local mode), never falling back by itself."""
-    if spec.mode == "local":
-        note = "local mode: Ray runs as processes of this machine (one node); Slurm is not asked"
-        return SiteCheck([], Accounting(unavailable="local mode"), (note,))
-    if spec.mode == "here":  # nothing is submitted: the kernel's allocation is checked instead
+    kind = spec.scheduler_kind
+    if kind.on_this_machine:
+        note = f"{kind.system}: Ray runs as processes of this machine (one node); Slurm is not"
+        note += " asked"
+        return SiteCheck([], Accounting(unavailable=kind.system), (note,))
+    if kind.in_allocation:  # nothing is submitted: the kernel's allocation is checked instead
         plan = await plan_here(transport, spec)
-        return SiteCheck([], Accounting(unavailable="--here"), plan.notes(spec))
+        return SiteCheck([], Accounting(unavailable=kind.system), plan.notes(spec))
     slurm = SlurmClient(transport)
     try:
         partitions = await slurm.partitions()
