@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["EnclosingJob", "SchedulerKind"]
+__all__ = ["EnclosingJob", "JobRequest", "SchedulerKind"]
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,30 @@ class EnclosingJob:
 
     job_id: str
     nodes: int
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a cluster's job asks of its scheduler, in no scheduler's words (checked already):
+    the header of its job script says it in the scheduler's own (``SchedulerKind.header``)."""
+
+    name: str
+    tag: str  # the job's comment, by which the package finds it again
+    nodes: int
+    job_dir: str  # where it runs; its output and error files go there
+    walltime_warning: int  # seconds before its end the batch shell is sent USR1
+    exported: tuple[str, ...] = ()  # the submitting environment's variables it gets, by name
+    time: str | None = None
+    cpus_per_node: int | None = None
+    mem_per_node: int | None = None  # MiB
+    gpus_per_node: int = 0
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    reservation: str | None = None
+    exclusive: bool = False
+    extra: tuple[str, ...] = ()  # more of the scheduler's own options (--name or --name=value)
 
 
 class SchedulerKind:
@@ -49,6 +73,11 @@ class SchedulerKind:
         """What is allowed for the setting ``name`` it decides, when ``value`` asks for what it
         does not give (None: ``value`` may stand). ``settings``: the spec's others."""
         return None
+
+    @classmethod
+    def header(cls, request: JobRequest) -> list[str]:
+        """The job script's first lines after ``#!``: ``request`` in this system's words."""
+        raise NotImplementedError(f"{cls.__name__} writes no job script header")
 
     @classmethod
     def option_refusal(cls, name: str) -> str | None:

@@ -10,6 +10,7 @@ from datetime import datetime
 
 __all__ = ["FINAL_STATES", "Association", "JobInfo", "Partition", "Qos", "UsageRow"]
 
+
 #: States after which a job never runs again.
 FINAL_STATES = frozenset(
     {

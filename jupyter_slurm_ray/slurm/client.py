@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable, TransportError
 from ..naming import cluster_id_of_comment, cluster_id_of_worker_comment
 from ..scheduler.interface import Scheduler
-from ..scheduler.kind import EnclosingJob
+from ..scheduler.kind import EnclosingJob, JobRequest
 from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
 from ..transport import CommandResult, Transport
 from . import options
 from .formats import expand_hostlist
+from .header import sbatch_header
 from .output import (
     ASSOCIATION_FIELDS,
     QOS_FIELDS,
@@ -101,6 +102,10 @@ class SlurmClient(Scheduler):
     @classmethod
     def option_refusal(cls, name: str) -> str | None:
         return options.option_refusal(name)
+
+    @classmethod
+    def header(cls, request: JobRequest) -> list[str]:
+        return sbatch_header(request)
 
     @classmethod
     def enclosing(cls, environ: Mapping[str, str]) -> EnclosingJob | None:

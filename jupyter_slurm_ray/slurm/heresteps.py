@@ -40,10 +40,12 @@ from ..bootstrap.jsr_wire import JOB_ID_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError, SlurmUnavailable
 from ..naming import allocation_of, is_here_job_id
 from ..scheduler.interface import RequestT, Scheduler
+from ..scheduler.kind import JobRequest
 from ..scheduler.records import Association, JobInfo, Partition, Qos, UsageRow
 from ..spec import ClusterSpec
 from ..transport import CommandResult, Transport
 from .client import SlurmClient, is_script_text, run_program, script_options
+from .header import sbatch_header
 from .hereplan import HeadStep, head_step, plan_here, planned_spec
 
 if TYPE_CHECKING:
@@ -276,6 +278,10 @@ class HereSteps(Scheduler):
     @classmethod
     def owns(cls, job_id: str) -> bool:
         return is_here_job_id(job_id)
+
+    @classmethod
+    def header(cls, request: JobRequest) -> list[str]:
+        return sbatch_header(request)  # a step reads --chdir, --export, --comment of it
 
     async def for_request(self, request: RequestT) -> tuple[RequestT, Scheduler]:
         """The cluster planned in the kernel's allocation (SpecError naming the setting that

@@ -33,9 +33,11 @@ from types import MappingProxyType
 from ..bootstrap.jsr_wire import LOCAL_MODE_VARIABLE
 from ..errors import CommandError, ExtendRefused, SlurmError
 from ..scheduler.interface import Scheduler
+from ..scheduler.kind import JobRequest
 from ..scheduler.records import JobInfo
 from ..spec.checks import parse_walltime
 from .client import is_script_text, run_program, script_options
+from .header import sbatch_header
 from .options import option_refusal
 
 log = logging.getLogger(__name__)
@@ -199,6 +201,10 @@ class LocalJobs(Scheduler):
     @classmethod
     def option_refusal(cls, name: str) -> str | None:
         return option_refusal(name)  # its job script is Slurm's, read as sbatch would
+
+    @classmethod
+    def header(cls, request: JobRequest) -> list[str]:
+        return sbatch_header(request)  # the runner reads the limits of its #SBATCH lines
 
     @classmethod
     def refusal(cls, name: str, value: object, settings: Mapping[str, object]) -> str | None:

@@ -17,9 +17,10 @@ from jupyter_slurm_ray.job.script import (
 from jupyter_slurm_ray.job.script import (
     SETUP_FAILED_EXIT,
     UNTRUSTED_JOB_DIR_EXIT,
+    job_request,
     render_job_script,
-    sbatch_directives,
 )
+from jupyter_slurm_ray.slurm.header import sbatch_directives
 from jupyter_slurm_ray.spec import TIME_REQUIRED, ClusterSpec
 
 CLUSTER_ID = "c0ffee-42"
@@ -533,6 +534,6 @@ def test_bash_runs_the_command_with_exactly_its_arguments(arguments, spec, job_d
 
 def test_sbatch_directives_are_the_quoted_words_of_the_sbatch_lines():
     words = sbatch_directives(
-        FULL_SPEC, cluster_id=CLUSTER_ID, job_dir=JOB_DIR, exported=["HOME", "PATH"]
+        job_request(FULL_SPEC, cluster_id=CLUSTER_ID, job_dir=JOB_DIR, exported=["HOME", "PATH"])
     )
     assert [f"#SBATCH {word}" for word in words] == FULL_SCRIPT.split("\n")[1 : 1 + len(words)]

@@ -29,6 +29,7 @@ import pytest
 from jupyter_slurm_ray.errors import ExtendRefused, SlurmError, SlurmUnavailable
 from jupyter_slurm_ray.scheduler import kinds
 from jupyter_slurm_ray.scheduler.interface import Scheduler
+from jupyter_slurm_ray.scheduler.kind import JobRequest
 from jupyter_slurm_ray.scheduler.records import JobInfo, Partition
 from jupyter_slurm_ray.slurm.client import SlurmClient
 from jupyter_slurm_ray.slurm.heresteps import HereSteps
@@ -37,13 +38,9 @@ from jupyter_slurm_ray.transport import LocalTransport
 from tests.helpers.fakeslurm import FakeSlurm, FakeTransport
 from tests.helpers.toyscheduler import ToyScheduler
 
-# The job: it waits until the test lets it end (the file "go" in its job dir holds its exit
-# status); TERM (cancel) ends it at once.
-JOB = """#!/bin/bash
-#SBATCH --chdir={job_dir}
-#SBATCH --time=10
-#SBATCH --comment=jsr-conformance
-trap 'exit 0' TERM
+# The job: its header in its scheduler's words (``header``), then it waits until the test lets
+# it end (the file "go" in its job dir holds its exit status); TERM (cancel) ends it at once.
+JOB = """trap 'exit 0' TERM
 while [ ! -e go ]; do sleep 0.05; done
 exit "$(cat go)"
 """
@@ -103,7 +100,12 @@ async def bench(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pyt
 async def submitted(bench: Bench, tmp_path: Path) -> tuple[str, Path]:
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    job_id = await bench.scheduler.submit(JOB.format(job_dir=job_dir))
+    request = JobRequest(
+        name="conformance", tag="jsr-conformance", nodes=1, job_dir=str(job_dir),
+        walltime_warning=60, exported=("PATH", "HOME"), time="10",
+    )  # fmt: skip
+    header = type(bench.scheduler).header(request)
+    job_id = await bench.scheduler.submit("\n".join(["#!/bin/bash", *header, JOB]))
     bench.submitted.append(job_id)
     return job_id, job_dir
 

@@ -77,7 +77,7 @@ async def test_a_registered_kind_is_chosen_by_its_mode_and_found_by_its_ids(
     assert isinstance(scheduler, toy)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    job_id = await scheduler.submit(f"#!/bin/bash\n#SBATCH --chdir={job_dir}\nexit 0\n")
+    job_id = await scheduler.submit(f"#!/bin/bash\n#TOY chdir={job_dir}\nexit 0\n")
     assert isinstance(scheduler_of(transport, job_id), toy)
     # asked through another kind's scheduler (the watcher's is Slurm's), the toy answers
     local = LocalJobs(transport)

@@ -1,8 +1,8 @@
 """A toy scheduler for the tests (not shipped): the whole :class:`Scheduler` interface in one
-file, as a second batch system would add it. A job is its script run by bash in its
-``--chdir`` as a child of this process; ids are ``toy-<n>``; it keeps no history beyond this
-process. tests/fast/test_scheduler_conformance.py holds it to the same contract as the
-package's own schedulers."""
+file, as a second batch system would add it. A job is its script run by bash in the directory
+its header names (``#TOY chdir=DIR``) as a child of this process; ids are ``toy-<n>``; it keeps
+no history beyond this process. tests/fast/test_scheduler_conformance.py holds it to the same
+contract as the package's own schedulers."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import ClassVar
 
 from jupyter_slurm_ray.errors import SlurmError
 from jupyter_slurm_ray.scheduler.interface import Scheduler
-from jupyter_slurm_ray.scheduler.kind import EnclosingJob
+from jupyter_slurm_ray.scheduler.kind import EnclosingJob, JobRequest
 from jupyter_slurm_ray.scheduler.records import JobInfo
 from jupyter_slurm_ray.transport import Transport
 
-_CHDIR = re.compile(r"^#SBATCH --chdir=(\S+)", re.M)
+_CHDIR = re.compile(r"^#TOY chdir=(\S+)$", re.M)
 
 
 class ToyScheduler(Scheduler):
@@ -41,6 +41,11 @@ class ToyScheduler(Scheduler):
         return None if value is None else f"unset with the toy scheduler: {cls.decided[name]}"
 
     @classmethod
+    def header(cls, request: JobRequest) -> list[str]:
+        """Its own words: where the job runs, and what it is called (the rest it ignores)."""
+        return [f"#TOY chdir={request.job_dir}", f"#TOY name={request.name}"]
+
+    @classmethod
     def option_refusal(cls, name: str) -> str | None:
         return "the toy scheduler has one queue" if name == "--queue" else None
 
@@ -56,7 +61,7 @@ class ToyScheduler(Scheduler):
     async def submit(self, script: str, *, timeout: float = 60.0) -> str:
         chdir = _CHDIR.search(script)
         if chdir is None:
-            raise SlurmError("the toy scheduler runs a script with #SBATCH --chdir")
+            raise SlurmError("the toy scheduler runs a script with #TOY chdir=DIR")
         self.commands_run += 1
         process = await asyncio.create_subprocess_exec(
             "bash", "-c", script, cwd=chdir.group(1), stdin=asyncio.subprocess.DEVNULL
