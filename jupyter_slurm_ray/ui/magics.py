@@ -162,6 +162,9 @@ class SlurmRayMagics(Magics):
                 connect_timeout=self._connect_timeout(),
             )
         except KeyboardInterrupt:
+            if cluster.job_id is None and cluster.job_dir is None:  # during the site check
+                print(f"interrupted: nothing of {cluster.spec.name} was submitted")
+                return
             print(
                 f"interrupted: {cluster.spec.name} is {status_line(cluster.status)} and keeps "
                 "going; `%slurm_ray status` shows it, `%slurm_ray down` stops it"

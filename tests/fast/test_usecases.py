@@ -105,3 +105,19 @@ def test_the_stitch_finder_finds_the_stitches_where_they_are() -> None:
     found = _called(PACKAGE / "usecases.py")
     assert {"check_with_slurm", "up_async", "extend_async", "scale_or_ask_async"} <= found
     assert "delete" in found  # registry.delete
+
+
+def test_an_interrupt_during_the_site_check_says_nothing_was_submitted(
+    magic, slurm, site, monkeypatch
+) -> None:
+    """Ctrl-C while ``submit`` still checks the site cancels it (``run_sync``): nothing is
+    written or queued, and the magic says so rather than "keeps going"."""
+
+    def interrupted(coro, timeout=None):
+        coro.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("jupyter_slurm_ray.ui.magics.run_sync", interrupted)
+    out, _, _ = magic.run("%slurm_ray up --name halted -t 10")
+    assert "interrupted: nothing of halted was submitted" in out
+    assert slurm.jobs == {} and Registry().all() == []
