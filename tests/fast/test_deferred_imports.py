@@ -110,8 +110,8 @@ def test_two_copies_on_the_path_run_once_and_the_sitecustomize_they_shadow_runs_
     """A cluster started from a process of another cluster: its Ray processes have both
     clusters' copies of the site path on PYTHONPATH (before: RecursionError in sitecustomize)."""
     copies = [tmp_path / "this", tmp_path / "outer"]
-    for copy in copies:
-        shutil.copytree(SITE_PATH, copy)
+    for copy in copies:  # the sources, as the job dir gets them (a job's bytecode may be 0700)
+        shutil.copytree(SITE_PATH, copy, ignore=shutil.ignore_patterns("__pycache__"))
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text(
