@@ -13,6 +13,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from ..errors import SlurmError, TransportError
+from ..scheduler.interface import Scheduler
 from ..scheduler.records import Association, Qos
 from ..transport import Transport
 from .client import SlurmClient
@@ -81,16 +82,24 @@ class Accounting:
         return None
 
 
-_cache: weakref.WeakKeyDictionary[Transport, tuple[float, Accounting]] = weakref.WeakKeyDictionary()
+# per transport, per kind of scheduler asked (the same site may be asked as Slurm and as --here)
+_cache: weakref.WeakKeyDictionary[Transport, dict[type[Scheduler], tuple[float, Accounting]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-async def load_accounting(transport: Transport, *, max_age: float = CACHE_SECONDS) -> Accounting:
-    """The user's accounting on ``transport``'s site, asked at most once per ``max_age`` s."""
-    cached = _cache.get(transport)
+async def load_accounting(
+    transport: Transport, *, max_age: float = CACHE_SECONDS, scheduler: Scheduler | None = None
+) -> Accounting:
+    """The user's accounting on ``transport``'s site, asked of ``scheduler`` (default: Slurm's)
+    at most once per ``max_age`` s."""
+    scheduler = scheduler or SlurmClient(transport)
+    known = _cache.setdefault(transport, {})
+    cached = known.get(type(scheduler))
     if cached is not None and time.monotonic() - cached[0] < max_age:
         return cached[1]
-    accounting = await _ask(SlurmClient(transport))
-    _cache[transport] = (time.monotonic(), accounting)
+    accounting = await _ask(scheduler)
+    known[type(scheduler)] = (time.monotonic(), accounting)
     return accounting
 
 
@@ -99,12 +108,12 @@ def forget_cached(transport: Transport) -> None:
     _cache.pop(transport, None)
 
 
-async def _ask(slurm: SlurmClient) -> Accounting:
+async def _ask(scheduler: Scheduler) -> Accounting:
     try:
-        associations = await slurm.associations()
-        qos = await slurm.qos() if associations else {}
+        associations = await scheduler.associations()
+        qos = await scheduler.qos() if associations else {}
     except (SlurmError, TransportError) as exc:
-        return Accounting(unavailable=f"Slurm's accounting did not answer ({exc})")
+        return Accounting(unavailable=f"{scheduler.system}'s accounting did not answer ({exc})")
     if not associations:
         return Accounting(unavailable="sacctmgr lists no association of this user")
     return Accounting(tuple(associations), qos)

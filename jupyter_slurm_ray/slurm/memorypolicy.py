@@ -27,6 +27,7 @@ from ..bootstrap.jsr_wire import (
     ray_memory_mb,
 )
 from ..errors import LimitError, SlurmError, TransportError
+from ..scheduler.interface import Scheduler
 from ..scheduler.records import Partition
 from ..spec import ClusterSpec
 from ..transport import Transport
@@ -159,20 +160,26 @@ def check_memory(
     raise LimitError("mem_per_node", spec.mem_per_node, message)
 
 
-_cache: weakref.WeakKeyDictionary[Transport, tuple[float, MemoryPolicy]] = (
+# per transport, per kind of scheduler asked
+_cache: weakref.WeakKeyDictionary[Transport, dict[type[Scheduler], tuple[float, MemoryPolicy]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-async def load_memory_policy(transport: Transport) -> MemoryPolicy:
-    """The site's memory policy (two ``scontrol``, kept a minute per transport)."""
-    cached = _cache.get(transport)
+async def load_memory_policy(
+    transport: Transport, *, scheduler: Scheduler | None = None
+) -> MemoryPolicy:
+    """The site's memory policy, asked of ``scheduler`` (default: Slurm's two ``scontrol``),
+    kept a minute per transport."""
+    scheduler = scheduler or SlurmClient(transport)
+    known = _cache.setdefault(transport, {})
+    cached = known.get(type(scheduler))
     if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
         return cached[1]
     try:
-        config, partitions = await SlurmClient(transport).memory_settings()
+        config, partitions = await scheduler.memory_settings()
         policy = parse_memory_policy(config, partitions)
     except (SlurmError, TransportError) as exc:
         policy = MemoryPolicy(unavailable=f"scontrol did not say ({exc})")
-    _cache[transport] = (time.monotonic(), policy)
+    known[type(scheduler)] = (time.monotonic(), policy)
     return policy

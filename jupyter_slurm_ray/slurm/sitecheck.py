@@ -16,10 +16,10 @@ from ..scheduler.records import Partition
 from ..spec import ClusterSpec, format_walltime
 from ..transport import Transport
 from .accounting import Accounting, load_accounting
-from .client import SlurmClient
 from .hereplan import plan_here
 from .limits import check_against_accounting
 from .memorypolicy import MemoryPolicy, check_memory, load_memory_policy
+from .schedulers import scheduler_for_mode
 
 __all__ = [
     "SiteCheck",
@@ -115,7 +115,9 @@ def check_spec(
 
 
 async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck:
-    """Ask sinfo and the accounting (cached a minute) and check ``spec`` against them.
+    """Ask the mode's scheduler for its partitions, accounting and memory policy (Slurm's
+    ``sinfo``, ``sacctmgr``, ``scontrol``; cached a minute) and check ``spec`` against them; a
+    scheduler without them answers none, and the notes say what was not checked.
 
     Local mode asks Slurm nothing; when Slurm does not answer, the error says how to run
     without it (local mode), never falling back by itself."""
@@ -127,12 +129,12 @@ async def check_with_slurm(spec: ClusterSpec, transport: Transport) -> SiteCheck
     if kind.in_allocation:  # nothing is submitted: the kernel's allocation is checked instead
         plan = await plan_here(transport, spec)
         return SiteCheck([], Accounting(unavailable=kind.system), plan.notes(spec))
-    slurm = SlurmClient(transport)
+    scheduler = scheduler_for_mode(spec.mode, transport)
     try:
-        partitions = await slurm.partitions()
+        partitions = await scheduler.partitions()
     except SlurmUnavailable as exc:
-        raise slurm.unreachable(exc) from None
-    accounting = await load_accounting(transport)
-    memory = await load_memory_policy(transport)
+        raise scheduler.unreachable(exc) from None
+    accounting = await load_accounting(transport, scheduler=scheduler)
+    memory = await load_memory_policy(transport, scheduler=scheduler)
     notes = check_spec(spec, partitions, accounting, memory)
     return SiteCheck(partitions, accounting, notes)

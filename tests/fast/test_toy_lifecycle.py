@@ -19,6 +19,7 @@ from jupyter_slurm_ray.config import resolve_spec
 from jupyter_slurm_ray.errors import SpecError
 from jupyter_slurm_ray.registry import Registry
 from jupyter_slurm_ray.scheduler import kinds
+from jupyter_slurm_ray.slurm.sitecheck import check_with_slurm
 from jupyter_slurm_ray.spec import ClusterSpec, ignored_by_mode
 from jupyter_slurm_ray.states import State
 from jupyter_slurm_ray.transport import LocalTransport
@@ -108,3 +109,26 @@ def test_a_jobs_extra_options_are_refused_by_the_scheduler_that_reads_them(toy) 
     with pytest.raises(SpecError, match="the toy scheduler has one queue") as refused:
         ClusterSpec(mode="toy", extra_sbatch=("--queue=fast",))
     assert refused.value.field == "extra_sbatch"
+
+
+async def test_the_site_check_asks_the_toy_and_never_slurm(toy) -> None:
+    """``usecases.submit``'s site check asks the mode's scheduler for partitions, accounting
+    and memory policy: the toy has none (the interface's answers), no Slurm command runs, and
+    the notes say what was not checked."""
+
+    class Recording(LocalTransport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.argvs: list[list[str]] = []
+
+        async def run(self, argv, **options):  # type: ignore[no-untyped-def]
+            self.argvs.append(list(argv))
+            return await super().run(argv, **options)
+
+    transport = Recording()
+    checked = await check_with_slurm(ClusterSpec(mode="toy", time="10"), transport)
+    assert transport.argvs == [] and checked.partitions == []
+    assert checked.notes == (
+        "account and QOS not checked: the toy scheduler's accounting did not answer "
+        "(the toy scheduler has no Slurm accounting)",
+    )
