@@ -52,19 +52,10 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     if name == "__version__":
+        from .ui.version import installed_version  # light: the distribution's metadata
+
         return installed_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def installed_version() -> str:
-    """The version of the installed distribution, which the build took from its one place,
-    ``labextension/package.json``; "0+unknown" for a source tree that was never installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("jupyter-slurm-ray")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def _cluster_mimebundle(cluster: Any, include: Any, exclude: Any) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import installed_version
 from ..config import SlurmRay
 from ..errors import SlurmRayError
 from ..inventory import Orphan
@@ -23,6 +22,7 @@ from .arguments import (
     add_scale_arguments,
 )
 from .magic_args import add_doctor_arguments, setup_lines, spec_arguments
+from .version import installed_version
 
 __all__ = ["main", "parser"]
 
